@@ -1,0 +1,7 @@
+// Placeholder until the text layer lands; replaced by the tokenizer/chat work.
+#include <cstdio>
+#include "commands.h"
+namespace dsinfer::cli {
+int RunTokenize(int, char**) { std::fprintf(stderr, "not built yet\n"); return 1; }
+int RunDetokenize(int, char**) { std::fprintf(stderr, "not built yet\n"); return 1; }
+}

@@ -1,0 +1,25 @@
+# Target-based compile options shared by every dsinfer target.
+add_library(dsinfer_options INTERFACE)
+target_compile_options(dsinfer_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wno-missing-field-initializers>)
+if(DSINFER_WERROR)
+  target_compile_options(dsinfer_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()
+if(DSINFER_NATIVE)
+  target_compile_options(dsinfer_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()
+if(DSINFER_SANITIZE)
+  target_compile_options(dsinfer_options INTERFACE -fsanitize=address,undefined
+                         -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  target_link_options(dsinfer_options INTERFACE -fsanitize=address,undefined)
+endif()
+target_include_directories(dsinfer_options INTERFACE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(dsinfer_options INTERFACE Threads::Threads)
+
+# dsinfer_layer(NAME DEPS...): a static library from src/NAME/**/*.cc, linked to DEPS only.
+function(dsinfer_layer name)
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cc)
+  list(FILTER srcs EXCLUDE REGEX "_test\\.cc$|_fuzz\\.cc$")
+  add_library(dsinfer_${name} STATIC ${srcs})
+  target_link_libraries(dsinfer_${name} PUBLIC dsinfer_options ${ARGN})
+endfunction()
