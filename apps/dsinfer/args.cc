@@ -1,0 +1,101 @@
+#include "args.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace dsinfer::cli {
+
+bool Args::Parse(int argc, char** argv, const std::set<std::string>& value_flags,
+                 const std::set<std::string>& bool_flags) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      positional_.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1), name = name.substr(0, eq), has_value = true;
+    }
+    if (bool_flags.count(name)) {
+      if (has_value) {
+        error_ = "--" + name + " takes no value";
+        return false;
+      }
+      values_[name] = "1";
+    } else if (value_flags.count(name)) {
+      if (!has_value) {
+        if (i + 1 >= argc) {
+          error_ = "--" + name + " needs a value";
+          return false;
+        }
+        value = argv[++i];
+      }
+      values_[name] = value;
+    } else {
+      error_ = "unknown flag --" + name;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::optional<std::string> Args::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Args::GetOr(const std::string& name, const std::string& fallback) const {
+  auto v = Get(name);
+  return v ? *v : fallback;
+}
+
+bool Args::GetInt(const std::string& name, long long* out) const {
+  auto v = Get(name);
+  if (!v) return true;
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v->c_str(), &end, 10);
+  if (errno != 0 || end == v->c_str() || *end != '\0') {
+    error_ = "--" + name + ": not an integer: '" + *v + "'";
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool Args::GetDouble(const std::string& name, double* out) const {
+  auto v = Get(name);
+  if (!v) return true;
+  errno = 0;
+  char* end = nullptr;
+  double x = std::strtod(v->c_str(), &end);
+  if (errno != 0 || end == v->c_str() || *end != '\0') {
+    error_ = "--" + name + ": not a number: '" + *v + "'";
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool ParseIdList(const std::string& text, std::vector<int32_t>* out) {
+  out->clear();
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string tok = text.substr(i, j - i);
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (tok.empty() || errno != 0 || *end != '\0' || v < 0 || v > 0x7fffffff) return false;
+    out->push_back(static_cast<int32_t>(v));
+    i = j + 1;
+    if (j == text.size() - 1) return false;  // trailing comma
+  }
+  return !out->empty();
+}
+
+}  // namespace dsinfer::cli

@@ -1,0 +1,36 @@
+// Minimal command-line flag parsing shared by the subcommands: --name value, --name=value,
+// boolean --flag, and positional arguments. Unknown flags are reported as usage errors.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dsinfer::cli {
+
+class Args {
+ public:
+  // value_flags take a value; bool_flags do not. Returns false (and sets error()) on bad usage.
+  bool Parse(int argc, char** argv, const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags);
+  const std::string& error() const { return error_; }
+  std::optional<std::string> Get(const std::string& name) const;
+  std::string GetOr(const std::string& name, const std::string& fallback) const;
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  const std::vector<std::string>& positional() const { return positional_; }
+
+  // Typed getters: return false with error() set when present but malformed.
+  bool GetInt(const std::string& name, long long* out) const;
+  bool GetDouble(const std::string& name, double* out) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+  mutable std::string error_;
+};
+
+// "0,5,7" -> {0,5,7}; false on malformed input.
+bool ParseIdList(const std::string& text, std::vector<int32_t>* out);
+
+}  // namespace dsinfer::cli

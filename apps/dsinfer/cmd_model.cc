@@ -1,0 +1,175 @@
+// Model subcommands: create-demo-model, inspect, logits, generate (token-id prompts).
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "args.h"
+#include "backend/cpu/cpu_model.h"
+#include "commands.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "model/demo_model.h"
+#include "model/weights.h"
+#include "runtime/sampler.h"
+
+namespace dsinfer::cli {
+namespace {
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "dsinfer: %s\n", s.ToString().c_str());
+  return 1;
+}
+int Usage(const char* usage, const std::string& error = "") {
+  if (!error.empty()) std::fprintf(stderr, "dsinfer: %s\n", error.c_str());
+  std::fprintf(stderr, "usage: %s\n", usage);
+  return 2;
+}
+
+Result<backend::Numerics> ParseNumerics(const std::string& name) {
+  if (name == "official") return backend::Numerics::Official();
+  if (name == "fp32-reference" || name == "hf") return backend::Numerics::Fp32Reference();
+  return InvalidArgument("--numerics must be 'official' or 'fp32-reference', got '" + name + "'");
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+int RunCreateDemoModel(int argc, char** argv) {
+  const char* usage = "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N]";
+  Args args;
+  if (!args.Parse(argc, argv, {"preset", "seed", "threads"}, {}) || args.positional().size() != 1)
+    return Usage(usage, args.error());
+  long long seed = 1, threads = 0;
+  if (!args.GetInt("seed", &seed) || !args.GetInt("threads", &threads)) return Usage(usage, args.error());
+  auto config = model::PresetConfig(args.GetOr("preset", "demo"));
+  if (!config.ok()) return Fail(config.status());
+  ThreadPool pool(static_cast<int>(threads));
+  model::DemoModelOptions options;
+  options.seed = static_cast<uint64_t>(seed);
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = model::WriteDemoModel(*config, args.positional()[0], options, pool);
+  if (!st.ok()) return Fail(st);
+  std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", args.positional()[0].c_str(), config->Summary().c_str(),
+               Seconds(t0, std::chrono::steady_clock::now()));
+  return 0;
+}
+
+int RunInspect(int argc, char** argv) {
+  const char* usage = "dsinfer inspect --model DIR";
+  Args args;
+  if (!args.Parse(argc, argv, {"model"}, {}) || !args.Has("model")) return Usage(usage, args.error());
+  auto weights = model::ModelWeights::Load(*args.Get("model"));
+  if (!weights.ok()) return Fail(weights.status());
+  const auto& w = **weights;
+  std::printf("%s\n", w.config().Summary().c_str());
+  std::printf("tensors: %zu, checkpoint bytes: %llu\n", model::ExpectedTensors(w.config()).size(),
+              static_cast<unsigned long long>(w.checkpoint().TotalBytes()));
+  return 0;
+}
+
+int RunLogits(int argc, char** argv) {
+  const char* usage =
+      "dsinfer logits --model DIR --ids 0,5,7 --out FILE [--numerics official|fp32-reference] [--chunk N]";
+  Args args;
+  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads"}, {}) || !args.Has("model") ||
+      !args.Has("ids") || !args.Has("out"))
+    return Usage(usage, args.error());
+  std::vector<int32_t> ids;
+  if (!ParseIdList(*args.Get("ids"), &ids)) return Usage(usage, "--ids must be a comma-separated list of ids");
+  long long chunk = 0, threads = 0;
+  if (!args.GetInt("chunk", &chunk) || !args.GetInt("threads", &threads) || chunk < 0)
+    return Usage(usage, args.error());
+  auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
+  if (!numerics.ok()) return Fail(numerics.status());
+  auto weights = model::ModelWeights::Load(*args.Get("model"));
+  if (!weights.ok()) return Fail(weights.status());
+  ThreadPool pool(static_cast<int>(threads));
+  auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
+  if (!cpu.ok()) return Fail(cpu.status());
+  auto state = (*cpu)->NewSequence();
+  const int64_t vocab = (*weights)->config().vocab_size;
+  std::vector<float> all;
+  all.reserve(ids.size() * vocab);
+  size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
+  for (size_t i = 0; i < ids.size(); i += step) {
+    size_t n = std::min(step, ids.size() - i);
+    backend::cpu::ForwardOutput out;
+    Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n), {.all_logits = true}, &out);
+    if (!st.ok()) return Fail(st);
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  io::OwnedTensor t{"logits", DType::kF32, {static_cast<int64_t>(ids.size()), vocab}, {}};
+  t.bytes.resize(all.size() * 4);
+  std::memcpy(t.bytes.data(), all.data(), t.bytes.size());
+  Status st = io::WriteSafetensors(*args.Get("out"), {t}, {{"numerics", (*numerics).Name()}});
+  if (!st.ok()) return Fail(st);
+  return 0;
+}
+
+int RunGenerate(int argc, char** argv) {
+  const char* usage =
+      "dsinfer generate --model DIR --prompt-ids 0,5,7 [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] "
+      "[--seed S] [--numerics official|fp32-reference] [--ignore-eos]";
+  Args args;
+  if (!args.Parse(argc, argv,
+                  {"model", "prompt-ids", "max-tokens", "temperature", "top-p", "top-k", "seed", "numerics", "threads"},
+                  {"ignore-eos"}) ||
+      !args.Has("model") || !args.Has("prompt-ids"))
+    return Usage(usage, args.error());
+  std::vector<int32_t> ids;
+  if (!ParseIdList(*args.Get("prompt-ids"), &ids)) return Usage(usage, "--prompt-ids must be a list of ids");
+  long long max_tokens = 32, top_k = 0, seed = 0, threads = 0;
+  double temperature = 0.0, top_p = 1.0;
+  if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) || !args.GetInt("seed", &seed) ||
+      !args.GetInt("threads", &threads) || !args.GetDouble("temperature", &temperature) ||
+      !args.GetDouble("top-p", &top_p))
+    return Usage(usage, args.error());
+  if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0)
+    return Usage(usage, "invalid sampling parameters");
+  auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
+  if (!numerics.ok()) return Fail(numerics.status());
+  auto weights = model::ModelWeights::Load(*args.Get("model"));
+  if (!weights.ok()) return Fail(weights.status());
+  ThreadPool pool(static_cast<int>(threads));
+  auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
+  if (!cpu.ok()) return Fail(cpu.status());
+  auto state = (*cpu)->NewSequence();
+  runtime::SamplingParams sp{temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed)};
+  const int eos = (*weights)->config().eos_token_id;
+
+  auto t0 = std::chrono::steady_clock::now();
+  backend::cpu::ForwardOutput out;
+  Status st = (*cpu)->Forward(*state, ids, {}, &out);
+  if (!st.ok()) return Fail(st);
+  auto t1 = std::chrono::steady_clock::now();
+  std::vector<int32_t> generated;
+  for (long long i = 0; i < max_tokens; ++i) {
+    int32_t tok = runtime::Sample(out.logits, sp, static_cast<uint64_t>(i));
+    generated.push_back(tok);
+    std::printf("%s%d", i ? "," : "", tok);
+    std::fflush(stdout);
+    if (tok == eos && !args.Has("ignore-eos")) break;
+    if (i + 1 == max_tokens) break;
+    int32_t one[1] = {tok};
+    st = (*cpu)->Forward(*state, one, {}, &out);
+    if (!st.ok()) return Fail(st);
+  }
+  auto t2 = std::chrono::steady_clock::now();
+  std::printf("\n");
+  double decode_s = Seconds(t1, t2);
+  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
+               ids.size(), Seconds(t0, t1), ids.size() / std::max(1e-9, Seconds(t0, t1)), generated.size(),
+               decode_s, generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, decode_s) : 0.0);
+  return 0;
+}
+
+int RunBench(int, char**) {
+  std::fprintf(stderr, "dsinfer bench: use the bench_model program for now\n");
+  return 2;
+}
+
+}  // namespace dsinfer::cli

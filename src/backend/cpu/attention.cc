@@ -1,0 +1,278 @@
+// Attention of one V4 layer (spec §5): query path, window KV, compressor (CSA/HCA), lightning
+// indexer (CSA), sparse attention with sink, de-rotation and the grouped output projection.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/quant.h"
+
+namespace dsinfer::backend::cpu {
+
+namespace {
+
+using model::WeightMatrix;
+
+// Linear with the reference's numerics: FP8 activation quantization (block 128) in front of
+// FP8/FP4 weights, bf16 output.
+void QuantLinear(const WeightMatrix& w, const float* x, int64_t m, float* y, const Numerics& nm, ThreadPool& pool,
+                 int act_block) {
+  bool quantized = w.format == model::WeightFormat::kFp8Block || w.format == model::WeightFormat::kFp4Packed;
+  if (quantized && nm.quantize_activations) {
+    std::vector<float> xq(x, x + m * w.cols);
+    for (int64_t r = 0; r < m; ++r) Fp8RoundTripInPlace(xq.data() + r * w.cols, static_cast<int>(w.cols), act_block);
+    MatMul(w, xq.data(), m, y, pool);
+  } else {
+    MatMul(w, x, m, y, pool);
+  }
+  if (nm.round_bf16) RoundBf16InPlace(y, m * w.rows);
+}
+
+// Feeds one token's projections into a compressor; when its group completes, writes the pooled
+// row (width d, before norm/RoPE) to *row and returns true.
+bool CompressorPush(CompressorState& st, int64_t pos, const float* a, const float* g, float* row) {
+  const int r = st.ratio, w = st.width;
+  const int slot = st.overlap ? r + static_cast<int>(pos % r) : static_cast<int>(pos % r);
+  std::copy(a, a + w, st.kv.begin() + static_cast<int64_t>(slot) * w);
+  std::copy(g, g + w, st.score.begin() + static_cast<int64_t>(slot) * w);
+  if ((pos + 1) % r != 0) return false;
+  const int d = st.overlap ? w / 2 : w;
+  for (int c = 0; c < d; ++c) {
+    // Candidates: overlap -> previous group's first half + current group's second half.
+    float mx = -INFINITY;
+    auto visit = [&](auto&& fn) {
+      if (st.overlap) {
+        for (int s = 0; s < r; ++s) fn(st.score[s * w + c], st.kv[s * w + c]);
+        for (int s = r; s < 2 * r; ++s) fn(st.score[s * w + d + c], st.kv[s * w + d + c]);
+      } else {
+        for (int s = 0; s < r; ++s) fn(st.score[s * w + c], st.kv[s * w + c]);
+      }
+    };
+    visit([&](float sc, float) { mx = std::max(mx, sc); });
+    float sum = 0.0f, acc = 0.0f;
+    visit([&](float sc, float kv) {
+      float e = std::exp(sc - mx);  // -inf slots (no previous group) contribute 0
+      sum += e;
+      acc += e * kv;
+    });
+    row[c] = acc / sum;
+  }
+  if (st.overlap) {
+    // The current group becomes the previous one; the new current group starts empty.
+    std::copy(st.kv.begin() + static_cast<int64_t>(r) * w, st.kv.end(), st.kv.begin());
+    std::copy(st.score.begin() + static_cast<int64_t>(r) * w, st.score.end(), st.score.begin());
+    std::fill(st.score.begin() + static_cast<int64_t>(r) * w, st.score.end(), -INFINITY);
+    std::fill(st.kv.begin() + static_cast<int64_t>(r) * w, st.kv.end(), 0.0f);
+  } else {
+    std::fill(st.score.begin(), st.score.end(), -INFINITY);
+    std::fill(st.kv.begin(), st.kv.end(), 0.0f);
+  }
+  return true;
+}
+
+// Runs a compressor over T tokens of x [T, hidden]: fp32 projections, pooling, then norm and
+// RoPE at the group's first position; `post` finishes each row (FP8 or Hadamard+FP4).
+template <typename PostFn>
+void RunCompressor(const model::CompressorWeights& cw, CompressorState& st, const model::ModelConfig& c,
+                   const RopeTable& rope, int64_t start, int64_t T, const float* x, int d, const Numerics& nm,
+                   ThreadPool& pool, std::vector<float>& rows_out, PostFn&& post) {
+  const int w = st.width;
+  std::vector<float> a(T * w), g(T * w);
+  MatMul(cw.wkv, x, T, a.data(), pool);
+  MatMul(cw.wgate, x, T, g.data(), pool);
+  std::vector<float> row(d);
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t pos = start + t;
+    float* gt = g.data() + t * w;
+    int64_t ape_row = pos % st.ratio;
+    for (int i = 0; i < w; ++i) gt[i] += cw.ape.F32At(ape_row * w + i);
+    if (!CompressorPush(st, pos, a.data() + t * w, gt, row.data())) continue;
+    if (nm.round_bf16) RoundBf16InPlace(row.data(), d);
+    RmsNormRows(row.data(), 1, d, &cw.norm, c.norm_eps, nm.round_bf16);
+    int64_t first_pos = pos + 1 - st.ratio;
+    ApplyRope(rope, row.data() + d - c.rope_dim, first_pos, false, nm.round_bf16);
+    post(row.data());
+    rows_out.insert(rows_out.end(), row.begin(), row.end());
+  }
+}
+
+// Top-k indices of scores (ties -> lower index first), returned ascending.
+std::vector<int32_t> TopK(const std::vector<float>& scores, int k) {
+  std::vector<int32_t> idx(scores.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace
+
+void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t start, int64_t T, const float* x,
+                         float* out) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const int li = lw.layer_id;
+  const RopeTable& rope = *rope_[li];
+  const int H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
+  const int ratio = lw.compress_ratio;
+  const float eps = static_cast<float>(c.norm_eps);
+
+  // ---- query path: c_q = q_norm(wq_a x); q = wq_b c_q; per-head RMS (no weight); RoPE.
+  std::vector<float> qr(T * c.q_lora_rank);  // [T, q_lora] also the indexer's input
+  QuantLinear(lw.wq_a, x, T, qr.data(), nm, pool_, c.act_block);
+  RmsNormRows(qr.data(), T, c.q_lora_rank, &lw.q_norm, c.norm_eps, nm.round_bf16);
+  std::vector<float> q(T * H * hd);  // [T, H, hd]
+  QuantLinear(lw.wq_b, qr.data(), T, q.data(), nm, pool_, c.act_block);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < H; ++h) {
+      float* qh = q.data() + (t * H + h) * hd;
+      float ss = Dot(qh, qh, hd);
+      float inv = 1.0f / std::sqrt(ss / hd + eps);
+      if (nm.round_bf16) inv = RoundBf16(inv);
+      for (int i = 0; i < hd; ++i) qh[i] = nm.round_bf16 ? RoundBf16(qh[i] * inv) : qh[i] * inv;
+      ApplyRope(rope, qh + nope, start + t, false, nm.round_bf16);
+    }
+  }
+
+  // ---- window KV: kv_norm(wkv x), RoPE on the tail, FP8 round trip on the nope dims.
+  std::vector<float> kv(T * hd);  // [T, hd]
+  QuantLinear(lw.wkv, x, T, kv.data(), nm, pool_, c.act_block);
+  RmsNormRows(kv.data(), T, hd, &lw.kv_norm, c.norm_eps, nm.round_bf16);
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = kv.data() + t * hd;
+    ApplyRope(rope, row + nope, start + t, false, nm.round_bf16);
+    if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
+  }
+  // Contiguous KV for positions [base, start + T): the ring's older rows, then this chunk.
+  const int W = c.window;
+  const int64_t base = std::max<int64_t>(0, start - (W - 1));
+  std::vector<float> win((start - base + T) * hd);  // [(start-base)+T, hd]
+  for (int64_t p = base; p < start; ++p)
+    std::copy_n(ls.window_kv.data() + (p % W) * hd, hd, win.data() + (p - base) * hd);
+  std::copy(kv.begin(), kv.end(), win.begin() + (start - base) * hd);
+
+  // ---- compressor: new compressed rows become visible to later queries of this chunk.
+  if (ratio > 0) {
+    RunCompressor(lw.compressor, ls.compressor, c, rope, start, T, x, hd, nm, pool_, ls.compressed,
+                  [&](float* row) {
+                    if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
+                  });
+  }
+
+  // ---- indexer (CSA): per-query top-k of the visible compressed rows.
+  std::vector<std::vector<int32_t>> selected(T);
+  if (ratio == 4) {
+    const int ih = c.index_n_heads, ihd = c.index_head_dim;
+    std::vector<float> qi(T * ih * ihd);  // [T, ih, ihd]
+    QuantLinear(lw.indexer.wq_b, qr.data(), T, qi.data(), nm, pool_, c.act_block);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int h = 0; h < ih; ++h) {
+        float* v = qi.data() + (t * ih + h) * ihd;
+        ApplyRope(rope, v + ihd - rd, start + t, false, nm.round_bf16);
+        if (nm.indexer_fp4) {
+          HadamardInPlace(v, ihd, nm.round_bf16);
+          Fp4RoundTripInPlace(v, ihd, 32);
+        }
+      }
+    }
+    std::vector<float> wts(T * ih);  // [T, ih]
+    QuantLinear(lw.indexer.weights_proj, x, T, wts.data(), nm, pool_, c.act_block);
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
+    for (auto& v : wts) v = nm.round_bf16 ? RoundBf16(v * wscale) : v * wscale;
+    RunCompressor(lw.indexer.compressor, ls.index_compressor, c, rope, start, T, x, ihd, nm, pool_, ls.index_keys,
+                  [&](float* row) {
+                    if (nm.indexer_fp4) {
+                      HadamardInPlace(row, ihd, nm.round_bf16);
+                      Fp4RoundTripInPlace(row, ihd, 32);
+                    }
+                  });
+    pool_.ParallelFor(T, [&](int64_t t) {
+      int64_t pos = start + t;
+      int n_vis = static_cast<int>((pos + 1) / 4);
+      if (n_vis <= c.index_topk) {
+        selected[t].resize(n_vis);
+        std::iota(selected[t].begin(), selected[t].end(), 0);
+        return;
+      }
+      std::vector<float> scores(n_vis);
+      for (int j = 0; j < n_vis; ++j) {
+        const float* kj = ls.index_keys.data() + static_cast<int64_t>(j) * ihd;
+        float s = 0.0f;
+        for (int h = 0; h < ih; ++h) {
+          float d = Dot(qi.data() + (t * ih + h) * ihd, kj, ihd);
+          if (nm.round_bf16) d = RoundBf16(d);
+          s += std::max(d, 0.0f) * wts[t * ih + h];
+        }
+        scores[j] = nm.round_bf16 ? RoundBf16(s) : s;
+      }
+      selected[t] = TopK(scores, c.index_topk);
+    });
+  }
+
+  // ---- sparse attention with sink over window + compressed rows, per (token, head).
+  std::vector<float> o(T * H * hd);  // [T, H, hd]
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  pool_.ParallelFor(T * H, [&](int64_t th) {
+    int64_t t = th / H;
+    int h = static_cast<int>(th % H);
+    int64_t pos = start + t;
+    const float* qh = q.data() + th * hd;
+    std::vector<const float*> rows;
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) rows.push_back(win.data() + (p - base) * hd);
+    if (ratio == 4) {
+      for (int32_t j : selected[t]) rows.push_back(ls.compressed.data() + static_cast<int64_t>(j) * hd);
+    } else if (ratio > 0) {
+      int64_t n_vis = (pos + 1) / ratio;
+      for (int64_t j = 0; j < n_vis; ++j) rows.push_back(ls.compressed.data() + j * hd);
+    }
+    std::vector<float> logits(rows.size());
+    float sink = lw.attn_sink.F32At(h);
+    float mx = sink;
+    for (size_t s = 0; s < rows.size(); ++s) {
+      logits[s] = Dot(qh, rows[s], hd) * scale;
+      mx = std::max(mx, logits[s]);
+    }
+    float denom = std::exp(sink - mx);
+    float* oh = o.data() + th * hd;
+    std::fill_n(oh, hd, 0.0f);
+    for (size_t s = 0; s < rows.size(); ++s) {
+      float p = std::exp(logits[s] - mx);
+      denom += p;
+      float pv = nm.round_bf16 ? RoundBf16(p) : p;  // P is cast to bf16 before P.V
+      const float* kvs = rows[s];
+      for (int i = 0; i < hd; ++i) oh[i] += pv * kvs[i];
+    }
+    float inv = 1.0f / denom;
+    for (int i = 0; i < hd; ++i) oh[i] = nm.round_bf16 ? RoundBf16(oh[i] * inv) : oh[i] * inv;
+    ApplyRope(rope, oh + nope, pos, true, nm.round_bf16);  // de-rotate at the query position
+  });
+
+  // ---- grouped output projection: wo_a per group (bf16, no act quant), then wo_b (FP8).
+  const int G = c.o_groups;
+  const int64_t group_in = static_cast<int64_t>(H / G) * hd;
+  std::vector<float> z(T * G * c.o_lora_rank);  // [T, G * o_lora]
+  std::vector<float> og(T * group_in), zg(T * c.o_lora_rank);
+  for (int g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(o.data() + t * H * hd + g * group_in, group_in, og.data() + t * group_in);
+    MatMulRows(lw.wo_a, static_cast<int64_t>(g) * c.o_lora_rank, static_cast<int64_t>(g + 1) * c.o_lora_rank,
+               og.data(), T, zg.data(), pool_);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(zg.data() + t * c.o_lora_rank, c.o_lora_rank,
+                  z.data() + t * G * c.o_lora_rank + static_cast<int64_t>(g) * c.o_lora_rank);
+  }
+  if (nm.round_bf16) RoundBf16InPlace(z.data(), static_cast<int64_t>(z.size()));
+  QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
+
+  // ---- keep the last `window` KV rows for the next chunk.
+  for (int64_t t = 0; t < T; ++t)
+    std::copy_n(kv.data() + t * hd, hd, ls.window_kv.data() + ((start + t) % W) * hd);
+}
+
+}  // namespace dsinfer::backend::cpu

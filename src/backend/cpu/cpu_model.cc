@@ -1,0 +1,172 @@
+#include "backend/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/linear.h"
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/quant.h"
+
+namespace dsinfer::backend::cpu {
+
+CpuModel::CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool)
+    : weights_(weights), numerics_(numerics), pool_(pool) {}
+
+CpuModel::~CpuModel() = default;
+
+Result<std::unique_ptr<CpuModel>> CpuModel::Create(const model::ModelWeights& weights, Numerics numerics,
+                                                   ThreadPool& pool) {
+  auto m = std::unique_ptr<CpuModel>(new CpuModel(weights, numerics, pool));
+  const auto& c = weights.config();
+  for (int li = 0; li < c.n_layers + c.n_mtp_layers; ++li)
+    m->rope_.push_back(std::make_unique<RopeTable>(RopeTable::ForLayer(c, li)));
+  return m;
+}
+
+namespace {
+
+void InitLayerState(const model::ModelConfig& c, int li, LayerState& ls) {
+  ls.window_kv.assign(static_cast<size_t>(c.window) * c.head_dim, 0.0f);
+  ls.compressed.clear();
+  ls.index_keys.clear();
+  int r = c.CompressRatio(li);
+  if (r > 0) ls.compressor.Init(r, (r == 4 ? 2 : 1) * c.head_dim, r == 4);
+  if (r == 4) ls.index_compressor.Init(4, 2 * c.index_head_dim, true);
+}
+
+}  // namespace
+
+void CpuModel::Reset(SequenceState& s) const {
+  const auto& c = config();
+  s.n_tokens = 0;
+  s.mtp_n_tokens = 0;
+  s.layers.resize(c.n_layers);
+  s.mtp.resize(c.n_mtp_layers);
+  for (int li = 0; li < c.n_layers; ++li) InitLayerState(c, li, s.layers[li]);
+  for (int k = 0; k < c.n_mtp_layers; ++k) InitLayerState(c, c.n_layers + k, s.mtp[k]);
+  s.last_hidden.clear();
+  s.last_token = -1;
+}
+
+std::unique_ptr<SequenceState> CpuModel::NewSequence() const {
+  auto s = std::make_unique<SequenceState>();
+  Reset(*s);
+  return s;
+}
+
+void CpuModel::Block(const model::LayerWeights& lw, LayerState& ls, int64_t start, std::span<const int32_t> tokens,
+                     std::vector<float>& H) {
+  const auto& c = config();
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+  const bool rb = numerics_.round_bf16;
+  std::vector<float> x(T * D), y(T * D);
+  std::vector<HcMix> mix(T);
+  // Attention sub-layer.
+  pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_attn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
+  RmsNormRows(x.data(), T, D, &lw.attn_norm, c.norm_eps, rb);
+  Attention(lw, ls, start, T, x.data(), y.data());
+  pool_.ParallelFor(T, [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
+  // MoE sub-layer.
+  pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_ffn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
+  RmsNormRows(x.data(), T, D, &lw.ffn_norm, c.norm_eps, rb);
+  Moe(lw, tokens, x.data(), y.data());
+  pool_.ParallelFor(T, [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
+}
+
+void CpuModel::Logits(const float* H, int64_t T, const model::HcParams& hc_head, const model::TensorView& norm,
+                      float* logits) {
+  const auto& c = config();
+  const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+  std::vector<float> y(T * D);
+  for (int64_t t = 0; t < T; ++t) HcHead(c, hc_head, H + t * HD, y.data() + t * D, numerics_.round_bf16);
+  RmsNormRows(y.data(), T, D, &norm, c.norm_eps, numerics_.round_bf16);
+  MatMul(weights_.head, y.data(), T, logits, pool_);  // fp32 head
+}
+
+Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
+                         ForwardOutput* out) {
+  const auto& c = config();
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  if (T == 0) return InvalidArgument("Forward: empty token chunk");
+  for (int32_t tok : tokens)
+    if (tok < 0 || tok >= c.vocab_size)
+      return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+  if (state.layers.size() != static_cast<size_t>(c.n_layers)) return FailedPrecondition("sequence state not initialised");
+  const int64_t start = state.n_tokens;
+  const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+
+  // Embedding, copied into every stream.
+  std::vector<float> H(T * HD);  // [T, hc, D]
+  for (int64_t t = 0; t < T; ++t) {
+    const uint8_t* row = weights_.embed.data + static_cast<int64_t>(tokens[t]) * D * 2;
+    for (int64_t i = 0; i < D; ++i) {
+      uint16_t b;
+      std::memcpy(&b, row + 2 * i, 2);
+      float v = Bf16ToF32(b);
+      for (int k = 0; k < c.hc_mult; ++k) H[t * HD + k * D + i] = v;
+    }
+  }
+  for (int li = 0; li < c.n_layers; ++li) Block(weights_.layers[li], state.layers[li], start, tokens, H);
+
+  if (options.want_hidden) out->hidden = H;
+  state.last_hidden.assign(H.end() - HD, H.end());
+  state.last_token = tokens[T - 1];
+  int64_t first = options.all_logits ? 0 : T - 1;
+  out->logits.resize((T - first) * c.vocab_size);
+  Logits(H.data() + first * HD, T - first, weights_.hc_head, weights_.norm, out->logits.data());
+  state.n_tokens += T;
+  return Status::Ok();
+}
+
+Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                            std::vector<float>* logits) {
+  const auto& c = config();
+  if (c.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  const int64_t n = static_cast<int64_t>(next_tokens.size());
+  const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+  if (n == 0 || static_cast<int64_t>(hidden.size()) != n * HD)
+    return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
+  for (int32_t tok : next_tokens)
+    if (tok < 0 || tok >= c.vocab_size) return InvalidArgument("ForwardMtp: token id outside the vocabulary");
+  const model::LayerWeights& lw = weights_.layers[c.n_layers];
+  const bool rb = numerics_.round_bf16;
+
+  std::vector<float> e(n * D);  // [n, D] enorm(embed(next token))
+  for (int64_t t = 0; t < n; ++t) {
+    const uint8_t* row = weights_.embed.data + static_cast<int64_t>(next_tokens[t]) * D * 2;
+    for (int64_t i = 0; i < D; ++i) {
+      uint16_t b;
+      std::memcpy(&b, row + 2 * i, 2);
+      e[t * D + i] = Bf16ToF32(b);
+    }
+  }
+  RmsNormRows(e.data(), n, D, &lw.enorm, c.norm_eps, rb);
+  std::vector<float> hn(hidden.begin(), hidden.end());  // [n * hc, D] hnorm per stream
+  RmsNormRows(hn.data(), n * c.hc_mult, D, &lw.hnorm, c.norm_eps, rb);
+  auto linear = [&](const model::WeightMatrix& w, std::vector<float> in, int64_t m, float* y) {
+    if (numerics_.quantize_activations)
+      for (int64_t r = 0; r < m; ++r) Fp8RoundTripInPlace(in.data() + r * D, static_cast<int>(D), c.act_block);
+    MatMul(w, in.data(), m, y, pool_);
+    if (rb) RoundBf16InPlace(y, m * w.rows);
+  };
+  std::vector<float> ep(n * D), hp(n * HD);
+  linear(lw.e_proj, e, n, ep.data());
+  linear(lw.h_proj, hn, n * c.hc_mult, hp.data());
+  std::vector<float> X(n * HD);  // [n, hc, D]
+  for (int64_t t = 0; t < n; ++t)
+    for (int k = 0; k < c.hc_mult; ++k)
+      for (int64_t i = 0; i < D; ++i) {
+        float v = ep[t * D + i] + hp[t * HD + k * D + i];
+        X[t * HD + k * D + i] = rb ? RoundBf16(v) : v;
+      }
+  Block(lw, state.mtp[0], state.mtp_n_tokens, next_tokens, X);
+  logits->resize(n * c.vocab_size);
+  Logits(X.data(), n, lw.hc_head, lw.norm, logits->data());
+  state.mtp_n_tokens += n;
+  return Status::Ok();
+}
+
+}  // namespace dsinfer::backend::cpu

@@ -1,0 +1,72 @@
+// The DeepSeek-V4 forward pass on the CPU (spec §3-§9), written in the order of the reference.
+// Activations are fp32 buffers; in the official numerics mode they are rounded to bf16 exactly
+// where the reference rounds. One CpuModel serves many sequences; each sequence keeps its own
+// SequenceState. Engine-thread only (the ThreadPool parallelises inside each op).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/sequence_state.h"
+#include "backend/numerics.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/weights.h"
+
+namespace dsinfer::backend::cpu {
+
+struct RopeTable;
+
+struct ForwardOptions {
+  bool all_logits = false;     // logits for every position of the chunk (else the last only)
+  bool want_hidden = false;    // also return the final stream state of every position (MTP input)
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;   // [n_positions, vocab] f32
+  std::vector<float> hidden;   // [n_tokens, hc_mult, hidden] f32 when want_hidden
+};
+
+class CpuModel {
+ public:
+  static Result<std::unique_ptr<CpuModel>> Create(const model::ModelWeights& weights, Numerics numerics,
+                                                  ThreadPool& pool);
+  ~CpuModel();
+
+  const model::ModelConfig& config() const { return weights_.config(); }
+  const Numerics& numerics() const { return numerics_; }
+  std::unique_ptr<SequenceState> NewSequence() const;
+  void Reset(SequenceState& state) const;
+
+  // Runs tokens at positions [state.n_tokens, state.n_tokens + tokens.size()) and advances the
+  // state. Any chunking of a sequence gives the same results as one call.
+  Status Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
+                 ForwardOutput* out);
+
+  // MTP block 0 (spec §8): hidden [n, hc_mult, hidden] = the main model's final streams at
+  // positions p..p+n-1 of the MTP sequence, next_tokens [n] = the tokens at p+1..p+n.
+  // Returns logits [n, vocab] predicting the tokens at p+2..p+n+1. Advances state.mtp.
+  Status ForwardMtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> next_tokens,
+                    std::vector<float>* logits);
+
+ private:
+  CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool);
+  struct Scratch;
+
+  // One decoder block (attention + MoE with their mHC) over T tokens; H [T, hc, hidden].
+  void Block(const model::LayerWeights& lw, LayerState& ls, int64_t start_pos, std::span<const int32_t> tokens,
+             std::vector<float>& H);
+  void Attention(const model::LayerWeights& lw, LayerState& ls, int64_t start_pos, int64_t T, const float* x,
+                 float* out);
+  void Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x, float* out);
+  void Logits(const float* H, int64_t T, const model::HcParams& hc_head, const model::TensorView& norm,
+              float* logits);
+
+  const model::ModelWeights& weights_;
+  Numerics numerics_;
+  ThreadPool& pool_;
+  std::vector<std::unique_ptr<RopeTable>> rope_;  // per layer (backbone then MTP)
+};
+
+}  // namespace dsinfer::backend::cpu

@@ -1,0 +1,184 @@
+#include "backend/cpu/linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define DSINFER_X86_AVX2 1
+#endif
+
+#include "core/dtype.h"
+
+namespace dsinfer::backend::cpu {
+
+using model::WeightFormat;
+using model::WeightMatrix;
+
+namespace {
+
+void DequantFp8Row(const WeightMatrix& w, int64_t r, float* out) {
+  const uint8_t* codes = w.data + r * w.cols;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += 128) {
+    int64_t len = std::min<int64_t>(128, w.cols - c0);
+    float s = w.Scale(r, c0);
+    int64_t i = 0;
+#ifdef DSINFER_X86_AVX2
+    // e4m3 -> fp16 by moving the bits into place (exponent bias 7 vs 15 folded into the scale
+    // as 2^8); subnormal e4m3 codes become fp16 subnormals with the same value, so it is exact.
+    __m256 vs = _mm256_set1_ps(s * 256.0f);
+    for (; i + 8 <= len; i += 8) {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c0 + i));
+      __m128i h = _mm_cvtepu8_epi16(b);
+      __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+      __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+      __m256 f = _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+      _mm256_storeu_ps(out + c0 + i, _mm256_mul_ps(f, vs));
+    }
+#endif
+    for (; i < len; ++i) out[c0 + i] = E4M3ToF32(codes[c0 + i]) * s;
+  }
+}
+
+void DequantFp4Row(const WeightMatrix& w, int64_t r, float* out) {
+  const uint8_t* packed = w.data + r * (w.cols / 2);
+  for (int64_t c0 = 0; c0 < w.cols; c0 += 32) {
+    float s = w.Scale(r, c0);
+    const uint8_t* p = packed + c0 / 2;
+    int64_t i = 0;
+#ifdef DSINFER_X86_AVX2
+    // 16 bytes = 32 nibbles; pshufb maps each nibble to 2*value as int8, exact in fp32.
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0f));
+    __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));  // elements 0..15
+    __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));  // elements 16..31
+    __m256 vs = _mm256_set1_ps(s * 0.5f);
+    _mm256_storeu_ps(out + c0, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), vs));
+    _mm256_storeu_ps(out + c0 + 8,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
+    _mm256_storeu_ps(out + c0 + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), vs));
+    _mm256_storeu_ps(out + c0 + 24,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
+    i = 32;
+#endif
+    for (; i < 32; i += 2) {
+      uint8_t b = p[i / 2];
+      out[c0 + i] = E2M1ToF32(b & 0xf) * s;
+      out[c0 + i + 1] = E2M1ToF32(b >> 4) * s;
+    }
+  }
+}
+
+void DequantBf16Row(const WeightMatrix& w, int64_t r, float* out) {
+  const uint8_t* src = w.data + r * w.cols * 2;
+  int64_t i = 0;
+#ifdef DSINFER_X86_AVX2
+  for (; i + 8 <= w.cols; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    __m256i x = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(x));
+  }
+#endif
+  for (; i < w.cols; ++i) {
+    uint16_t b;
+    std::memcpy(&b, src + 2 * i, 2);
+    out[i] = Bf16ToF32(b);
+  }
+}
+
+// Four dot products of x with four weight rows, sharing the loads of x.
+void Dot4(const float* x, const float* w0, const float* w1, const float* w2, const float* w3, int64_t n,
+          float* out) {
+  int64_t i = 0;
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#ifdef DSINFER_X86_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + i), a0);
+    a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + i), a1);
+    a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
+    a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
+  }
+  auto hsum = [](__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+  };
+  s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+#endif
+  for (; i < n; ++i) {
+    s0 += x[i] * w0[i];
+    s1 += x[i] * w1[i];
+    s2 += x[i] * w2[i];
+    s3 += x[i] * w3[i];
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+}  // namespace
+
+float Dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.0f;
+#ifdef DSINFER_X86_AVX2
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  acc0 = _mm256_add_ps(acc0, acc1);
+  __m128 lo = _mm256_castps256_ps128(acc0), hi = _mm256_extractf128_ps(acc0, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  s = _mm_cvtss_f32(lo);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void DequantRow(const WeightMatrix& w, int64_t r, float* out) {
+  switch (w.format) {
+    case WeightFormat::kF32: std::memcpy(out, w.data + r * w.cols * 4, w.cols * 4); break;
+    case WeightFormat::kBF16: DequantBf16Row(w, r, out); break;
+    case WeightFormat::kFp8Block: DequantFp8Row(w, r, out); break;
+    case WeightFormat::kFp4Packed: DequantFp4Row(w, r, out); break;
+  }
+}
+
+void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x, int64_t m, float* y,
+                ThreadPool& pool) {
+  const int64_t n_out = row_end - row_begin;
+  const int64_t k = w.cols;
+  constexpr int64_t kTile = 4;
+  const int64_t n_tiles = (n_out + kTile - 1) / kTile;
+  // Enough tiles per task to amortise scheduling, few enough to balance two cores.
+  pool.ParallelForRange(n_tiles, [&](int64_t t0, int64_t t1) {
+    std::vector<float> rows(kTile * k);
+    float out4[kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t r0 = row_begin + t * kTile;
+      int64_t nr = std::min<int64_t>(kTile, row_end - r0);
+      for (int64_t j = 0; j < nr; ++j) DequantRow(w, r0 + j, rows.data() + j * k);
+      for (int64_t j = nr; j < kTile; ++j) std::fill_n(rows.data() + j * k, k, 0.0f);
+      for (int64_t i = 0; i < m; ++i) {
+        Dot4(x + i * k, rows.data(), rows.data() + k, rows.data() + 2 * k, rows.data() + 3 * k, k, out4);
+        float* yi = y + i * n_out + (r0 - row_begin);
+        for (int64_t j = 0; j < nr; ++j) yi[j] = out4[j];
+      }
+    }
+  }, 4);
+}
+
+void MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  MatMulRows(w, 0, w.rows, x, m, y, pool);
+}
+
+}  // namespace dsinfer::backend::cpu

@@ -1,0 +1,26 @@
+// Dense linear algebra on the CPU over the checkpoint's stored formats. Weights are dequantized
+// on the fly, row by row, into a small fp32 buffer (exact: e4m3/e2m1 times a power of two fits
+// in fp32), so one read of a weight row serves every token of the batch.
+// Convention (as in the reference): y[m, n] = sum_k x[m, k] * W[n, k], W stored [out, in].
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "model/weights.h"
+
+namespace dsinfer::backend::cpu {
+
+// Dequantizes row r of w into out[w.cols] (fp32).
+void DequantRow(const model::WeightMatrix& w, int64_t r, float* out);
+
+// y [m, w.rows] = x [m, w.cols] * W^T, fp32 accumulation. Rows of W are split across the pool.
+void MatMul(const model::WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool);
+
+// Same, but only output rows [row_begin, row_end) of W; y is [m, row_end - row_begin].
+void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x, int64_t m,
+                float* y, ThreadPool& pool);
+
+float Dot(const float* a, const float* b, int64_t n);
+
+}  // namespace dsinfer::backend::cpu

@@ -1,0 +1,113 @@
+// MoE of one V4 layer (spec §6): sqrt(softplus) scores, hash or biased top-k routing, routed
+// experts grouped so each expert's weights are read once for all of its tokens, shared expert.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/quant.h"
+
+namespace dsinfer::backend::cpu {
+
+namespace {
+
+// torch.nn.functional.softplus(beta=1, threshold=20)
+float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// SwiGLU expert over n rows of xq [n, hidden] (already activation-quantized when the mode asks):
+// h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * route_weight; out = w2 h. out [n, hidden].
+void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const float* route_weight, float limit,
+            const Numerics& nm, int act_block, ThreadPool& pool, float* out) {
+  const int64_t inter = ew.w1.rows;
+  std::vector<float> g(n * inter), u(n * inter);
+  MatMul(ew.w1, xq, n, g.data(), pool);
+  MatMul(ew.w3, xq, n, u.data(), pool);
+  for (int64_t i = 0; i < n; ++i) {
+    float w = route_weight ? route_weight[i] : 1.0f;
+    for (int64_t j = 0; j < inter; ++j) {
+      float gv = g[i * inter + j], uv = u[i * inter + j];
+      if (nm.round_bf16) gv = RoundBf16(gv), uv = RoundBf16(uv);
+      uv = std::clamp(uv, -limit, limit);
+      gv = std::min(gv, limit);
+      float h = gv / (1.0f + std::exp(-gv)) * uv * w;  // routing weight applied before w2
+      g[i * inter + j] = nm.round_bf16 ? RoundBf16(h) : h;
+    }
+    if (nm.quantize_activations) Fp8RoundTripInPlace(g.data() + i * inter, static_cast<int>(inter), act_block);
+  }
+  MatMul(ew.w2, g.data(), n, out, pool);
+  if (nm.round_bf16) RoundBf16InPlace(out, n * ew.w2.rows);
+}
+
+}  // namespace
+
+void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x, float* out) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t D = c.hidden;
+  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+
+  // Router: fp32 scores; selection by hash table or by top-k of (score + bias).
+  std::vector<float> logits(T * E);  // [T, E]
+  MatMul(lw.gate, x, T, logits.data(), pool_);
+  std::vector<int32_t> chosen(T * K);  // [T, K]
+  std::vector<float> weight(T * K);    // [T, K]
+  for (int64_t t = 0; t < T; ++t) {
+    float* s = logits.data() + t * E;
+    for (int e = 0; e < E; ++e) s[e] = std::sqrt(Softplus(s[e]));
+    int32_t* sel = chosen.data() + t * K;
+    if (lw.tid2eid.valid()) {
+      for (int k = 0; k < K; ++k) sel[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
+    } else {
+      std::vector<int32_t> idx(E);
+      std::iota(idx.begin(), idx.end(), 0);
+      auto biased = [&](int32_t e) { return s[e] + lw.gate_bias.F32At(e); };
+      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
+        float va = biased(a), vb = biased(b);
+        return va > vb || (va == vb && a < b);
+      });
+      std::copy_n(idx.begin(), K, sel);
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += s[sel[k]];  // unbiased scores
+    for (int k = 0; k < K; ++k) weight[t * K + k] = s[sel[k]] / sum * static_cast<float>(c.route_scale);
+  }
+
+  std::vector<float> xq(x, x + T * D);  // [T, D] the experts' shared quantized input
+  if (nm.quantize_activations)
+    for (int64_t t = 0; t < T; ++t) Fp8RoundTripInPlace(xq.data() + t * D, static_cast<int>(D), c.act_block);
+
+  // Group (token, slot) pairs by expert: one pass over each expert's weights.
+  std::vector<std::vector<int64_t>> by_expert(E);
+  for (int64_t i = 0; i < T * K; ++i) by_expert[chosen[i]].push_back(i);
+  std::vector<float> acc(T * D, 0.0f);  // fp32 accumulation of routed outputs
+  std::vector<float> xe, we, ye;
+  for (int e = 0; e < E; ++e) {
+    const auto& slots = by_expert[e];
+    if (slots.empty()) continue;
+    int64_t n = static_cast<int64_t>(slots.size());
+    xe.resize(n * D), we.resize(n), ye.resize(n * D);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(xq.data() + (slots[i] / K) * D, D, xe.data() + i * D);
+      we[i] = weight[slots[i]];
+    }
+    Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, pool_, ye.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = acc.data() + (slots[i] / K) * D;
+      const float* src = ye.data() + i * D;
+      for (int64_t j = 0; j < D; ++j) dst[j] += src[j];
+    }
+  }
+  if (c.n_shared_experts > 0) {
+    std::vector<float> shared(T * D);
+    Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, pool_, shared.data());
+    for (int64_t i = 0; i < T * D; ++i) acc[i] += shared[i];
+  }
+  for (int64_t i = 0; i < T * D; ++i) out[i] = nm.round_bf16 ? RoundBf16(acc[i]) : acc[i];
+}
+
+}  // namespace dsinfer::backend::cpu

@@ -1,0 +1,312 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "io/json_file.h"
+
+namespace dsinfer::model {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Walks every tensor the config implies, in the official order. The same walk produces the
+// expected-tensor table and binds the weights, so the two cannot disagree.
+class TensorWalker {
+ public:
+  virtual ~TensorWalker() = default;
+  virtual void Plain(const std::string& name, std::vector<DType> dtypes, std::vector<int64_t> shape,
+                     TensorView* out) = 0;
+  virtual void Matrix(const std::string& prefix, WeightFormat format, int64_t rows, int64_t cols,
+                      WeightMatrix* out) = 0;
+};
+
+void WalkHc(TensorWalker& w, const std::string& p, const std::string& kind, const ModelConfig& c,
+            HcParams* hc) {
+  int64_t rows = kind == "head" ? c.hc_mult : c.HcRows();
+  std::string stem = kind == "head" ? p + "hc_head_" : p + "hc_" + kind + "_";
+  w.Plain(stem + "fn", {DType::kF32}, {rows, int64_t{c.hc_mult} * c.hidden}, hc ? &hc->fn : nullptr);
+  w.Plain(stem + "base", {DType::kF32}, {rows}, hc ? &hc->base : nullptr);
+  w.Plain(stem + "scale", {DType::kF32}, {kind == "head" ? 1 : 3}, hc ? &hc->scale : nullptr);
+}
+
+void WalkCompressor(TensorWalker& w, const std::string& p, int ratio, int d, bool overlap,
+                    const ModelConfig& c, CompressorWeights* cw) {
+  int64_t coff = overlap ? 2 : 1;
+  w.Plain(p + "ape", {DType::kF32}, {ratio, coff * d}, cw ? &cw->ape : nullptr);
+  w.Matrix(p + "wkv", WeightFormat::kBF16, coff * d, c.hidden, cw ? &cw->wkv : nullptr);
+  w.Matrix(p + "wgate", WeightFormat::kBF16, coff * d, c.hidden, cw ? &cw->wgate : nullptr);
+  w.Plain(p + "norm.weight", {DType::kBF16}, {d}, cw ? &cw->norm : nullptr);
+}
+
+void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) {
+  bool mtp = li >= c.n_layers;
+  std::string p = mtp ? "mtp." + std::to_string(li - c.n_layers) + "." : "layers." + std::to_string(li) + ".";
+  int ratio = c.CompressRatio(li);
+  int64_t d = c.hidden;
+  if (lw) lw->layer_id = li, lw->compress_ratio = ratio;
+  if (mtp) {
+    w.Matrix(p + "e_proj", WeightFormat::kFp8Block, d, d, lw ? &lw->e_proj : nullptr);
+    w.Matrix(p + "h_proj", WeightFormat::kFp8Block, d, d, lw ? &lw->h_proj : nullptr);
+    w.Plain(p + "enorm.weight", {DType::kBF16}, {d}, lw ? &lw->enorm : nullptr);
+    w.Plain(p + "hnorm.weight", {DType::kBF16}, {d}, lw ? &lw->hnorm : nullptr);
+  }
+  WalkHc(w, p, "attn", c, lw ? &lw->hc_attn : nullptr);
+  WalkHc(w, p, "ffn", c, lw ? &lw->hc_ffn : nullptr);
+  w.Plain(p + "attn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->attn_norm : nullptr);
+  w.Plain(p + "ffn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->ffn_norm : nullptr);
+  std::string a = p + "attn.";
+  int64_t hd = c.head_dim, h = c.n_heads;
+  w.Plain(a + "attn_sink", {DType::kF32}, {h}, lw ? &lw->attn_sink : nullptr);
+  w.Matrix(a + "wq_a", WeightFormat::kFp8Block, c.q_lora_rank, d, lw ? &lw->wq_a : nullptr);
+  w.Plain(a + "q_norm.weight", {DType::kBF16}, {c.q_lora_rank}, lw ? &lw->q_norm : nullptr);
+  w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
+  w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
+  w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
+  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank, h * hd / c.o_groups,
+           lw ? &lw->wo_a : nullptr);
+  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank, lw ? &lw->wo_b : nullptr);
+  if (ratio > 0) {
+    WalkCompressor(w, a + "compressor.", ratio, c.head_dim, ratio == 4, c, lw ? &lw->compressor : nullptr);
+  }
+  if (ratio == 4) {
+    std::string ix = a + "indexer.";
+    w.Matrix(ix + "wq_b", WeightFormat::kFp8Block, int64_t{c.index_n_heads} * c.index_head_dim, c.q_lora_rank,
+             lw ? &lw->indexer.wq_b : nullptr);
+    w.Matrix(ix + "weights_proj", WeightFormat::kBF16, c.index_n_heads, d, lw ? &lw->indexer.weights_proj : nullptr);
+    WalkCompressor(w, ix + "compressor.", 4, c.index_head_dim, true, c, lw ? &lw->indexer.compressor : nullptr);
+  }
+  if (mtp) {
+    w.Plain(p + "norm.weight", {DType::kBF16}, {d}, lw ? &lw->norm : nullptr);
+    WalkHc(w, p, "head", c, lw ? &lw->hc_head : nullptr);
+  }
+  std::string f = p + "ffn.";
+  if (c.n_shared_experts > 0) {
+    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d, lw ? &lw->shared.w1 : nullptr);
+    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter, lw ? &lw->shared.w2 : nullptr);
+    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d, lw ? &lw->shared.w3 : nullptr);
+  }
+  if (lw) lw->experts.resize(c.n_routed_experts);
+  WeightFormat ef = c.experts_fp4 ? WeightFormat::kFp4Packed : WeightFormat::kFp8Block;
+  for (int e = 0; e < c.n_routed_experts; ++e) {
+    std::string ep = f + "experts." + std::to_string(e) + ".";
+    w.Matrix(ep + "w1", ef, c.moe_inter, d, lw ? &lw->experts[e].w1 : nullptr);
+    w.Matrix(ep + "w3", ef, c.moe_inter, d, lw ? &lw->experts[e].w3 : nullptr);
+  }
+  for (int e = 0; e < c.n_routed_experts; ++e) {
+    std::string ep = f + "experts." + std::to_string(e) + ".";
+    w.Matrix(ep + "w2", ef, d, c.moe_inter, lw ? &lw->experts[e].w2 : nullptr);
+  }
+  if (c.HashRouted(li)) {
+    w.Plain(f + "gate.tid2eid", {DType::kI32, DType::kI64}, {c.vocab_size, c.n_experts_per_tok},
+            lw ? &lw->tid2eid : nullptr);
+  } else {
+    w.Plain(f + "gate.bias", {DType::kF32}, {c.n_routed_experts}, lw ? &lw->gate_bias : nullptr);
+  }
+  w.Matrix(f + "gate", WeightFormat::kBF16, c.n_routed_experts, d, lw ? &lw->gate : nullptr);
+}
+
+void WalkModel(TensorWalker& w, const ModelConfig& c, ModelWeights* mw) {
+  w.Plain("embed.weight", {DType::kBF16}, {c.vocab_size, c.hidden}, mw ? &mw->embed : nullptr);
+  for (int li = 0; li < c.n_layers; ++li) WalkLayer(w, c, li, mw ? &mw->layers[li] : nullptr);
+  WalkHc(w, "", "head", c, mw ? &mw->hc_head : nullptr);
+  w.Plain("norm.weight", {DType::kBF16}, {c.hidden}, mw ? &mw->norm : nullptr);
+  w.Matrix("head", WeightFormat::kBF16, c.vocab_size, c.hidden, mw ? &mw->head : nullptr);
+  for (int li = c.n_layers; li < c.n_layers + c.n_mtp_layers; ++li)
+    WalkLayer(w, c, li, mw ? &mw->layers[li] : nullptr);
+}
+
+class SpecCollector : public TensorWalker {
+ public:
+  std::vector<TensorSpec> specs;
+  void Plain(const std::string& name, std::vector<DType> dtypes, std::vector<int64_t> shape,
+             TensorView*) override {
+    specs.push_back({name, std::move(dtypes), std::move(shape)});
+  }
+  void Matrix(const std::string& prefix, WeightFormat format, int64_t rows, int64_t cols,
+              WeightMatrix*) override {
+    switch (format) {
+      case WeightFormat::kF32:
+        specs.push_back({prefix + ".weight", {DType::kF32}, {rows, cols}});
+        break;
+      case WeightFormat::kBF16:
+        specs.push_back({prefix + ".weight", {DType::kBF16}, {rows, cols}});
+        break;
+      case WeightFormat::kFp8Block:
+        specs.push_back({prefix + ".weight", {DType::kF8E4M3}, {rows, cols}});
+        specs.push_back({prefix + ".scale", {DType::kF8E8M0, DType::kF32}, {CeilDiv(rows, 128), CeilDiv(cols, 128)}});
+        break;
+      case WeightFormat::kFp4Packed:
+        specs.push_back({prefix + ".weight", {DType::kI8, DType::kU8}, {rows, cols / 2}});
+        specs.push_back({prefix + ".scale", {DType::kF8E8M0, DType::kF32}, {rows, cols / 32}});
+        break;
+    }
+  }
+};
+
+// Binds views and records the first error (with the tensor and file named).
+class Binder : public TensorWalker {
+ public:
+  explicit Binder(const io::Checkpoint& ckpt) : ckpt_(ckpt) {}
+  Status status;
+
+  void Plain(const std::string& name, std::vector<DType> dtypes, std::vector<int64_t> shape,
+             TensorView* out) override {
+    if (!status.ok()) return;
+    io::TensorRef ref;
+    if (!Check(name, dtypes, shape, &ref)) return;
+    out->data = ref.bytes.data();
+    out->dtype = ref.info->dtype;
+    out->shape = ref.info->shape;
+    out->name = name;
+  }
+
+  void Matrix(const std::string& prefix, WeightFormat format, int64_t rows, int64_t cols,
+              WeightMatrix* out) override {
+    if (!status.ok()) return;
+    SpecCollector one;
+    one.Matrix(prefix, format, rows, cols, nullptr);
+    io::TensorRef weight, scale;
+    if (!Check(one.specs[0].name, one.specs[0].dtypes, one.specs[0].shape, &weight)) return;
+    if (one.specs.size() > 1 && !Check(one.specs[1].name, one.specs[1].dtypes, one.specs[1].shape, &scale)) return;
+    out->format = format;
+    out->data = weight.bytes.data();
+    out->rows = rows;
+    out->cols = cols;
+    out->name = prefix;
+    if (scale.info) {
+      out->scales = scale.bytes.data();
+      out->scale_dtype = scale.info->dtype;
+      out->scale_cols = scale.info->shape[1];
+      out->block = format == WeightFormat::kFp4Packed ? 32 : 128;
+      // A scale code of 0xff (NaN) would poison every product of the block: reject at load.
+      if (out->scale_dtype == DType::kF8E8M0) {
+        for (uint8_t b : scale.bytes) {
+          if (b == 0xff) {
+            status = InvalidArgument("tensor '" + one.specs[1].name + "' in " + *scale.file +
+                                     " contains a NaN e8m0 scale (0xff)");
+            return;
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  bool Check(const std::string& name, const std::vector<DType>& dtypes, const std::vector<int64_t>& shape,
+             io::TensorRef* ref) {
+    *ref = ckpt_.Find(name);
+    if (ref->info == nullptr) {
+      status = NotFound("checkpoint " + ckpt_.dir() + " is missing tensor '" + name + "'");
+      return false;
+    }
+    bool dtype_ok = false;
+    for (DType d : dtypes) dtype_ok = dtype_ok || d == ref->info->dtype;
+    if (!dtype_ok) {
+      std::string want;
+      for (DType d : dtypes) want += std::string(want.empty() ? "" : " or ") + std::string(SafetensorsName(d));
+      status = InvalidArgument("tensor '" + name + "' in " + *ref->file + " has dtype " +
+                               std::string(SafetensorsName(ref->info->dtype)) + ", expected " + want);
+      return false;
+    }
+    if (ref->info->shape != shape) {
+      auto fmt = [](const std::vector<int64_t>& s) {
+        std::string out = "[";
+        for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+        return out + "]";
+      };
+      status = InvalidArgument("tensor '" + name + "' in " + *ref->file + " has shape " + fmt(ref->info->shape) +
+                               ", expected " + fmt(shape));
+      return false;
+    }
+    return true;
+  }
+  const io::Checkpoint& ckpt_;
+};
+
+}  // namespace
+
+float WeightMatrix::Scale(int64_t r, int64_t c) const {
+  int64_t idx = format == WeightFormat::kFp4Packed ? r * scale_cols + c / 32 : (r / 128) * scale_cols + c / 128;
+  if (scale_dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, scales + idx * 4, 4);
+    return v;
+  }
+  return E8M0ToF32(scales[idx]);
+}
+
+int64_t WeightMatrix::Bytes() const {
+  switch (format) {
+    case WeightFormat::kF32: return rows * cols * 4;
+    case WeightFormat::kBF16: return rows * cols * 2;
+    case WeightFormat::kFp8Block: return rows * cols + CeilDiv(rows, 128) * CeilDiv(cols, 128);
+    case WeightFormat::kFp4Packed: return rows * cols / 2 + rows * cols / 32;
+  }
+  return 0;
+}
+
+int64_t TensorView::NumElements() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+float TensorView::F32At(int64_t i) const {
+  if (dtype == DType::kBF16) {
+    uint16_t b;
+    std::memcpy(&b, data + 2 * i, 2);
+    return Bf16ToF32(b);
+  }
+  float v;
+  std::memcpy(&v, data + 4 * i, 4);
+  return v;
+}
+
+int64_t TensorView::IntAt(int64_t i) const {
+  if (dtype == DType::kI64) {
+    int64_t v;
+    std::memcpy(&v, data + 8 * i, 8);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, data + 4 * i, 4);
+  return v;
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config) {
+  SpecCollector collector;
+  WalkModel(collector, config, nullptr);
+  return std::move(collector.specs);
+}
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(const ModelConfig& config,
+                                                         std::unique_ptr<io::Checkpoint> checkpoint) {
+  auto mw = std::unique_ptr<ModelWeights>(new ModelWeights());
+  mw->config_ = config;
+  mw->checkpoint_ = std::move(checkpoint);
+  mw->layers.resize(config.n_layers + config.n_mtp_layers);
+  Binder binder(*mw->checkpoint_);
+  WalkModel(binder, config, mw.get());
+  DSINFER_RETURN_IF_ERROR(binder.status);
+  // Hash routing reads tid2eid[token] as expert ids: validate them once so the forward pass
+  // can index experts without bounds checks.
+  for (const auto& layer : mw->layers) {
+    if (!layer.tid2eid.valid()) continue;
+    int64_t n = layer.tid2eid.NumElements();
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t e = layer.tid2eid.IntAt(i);
+      if (e < 0 || e >= config.n_routed_experts)
+        return InvalidArgument("tensor '" + layer.tid2eid.name + "' holds expert id " + std::to_string(e) +
+                               " outside [0, " + std::to_string(config.n_routed_experts) + ")");
+    }
+  }
+  return mw;
+}
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir) {
+  DSINFER_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
+  DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<io::Checkpoint> checkpoint, io::Checkpoint::Open(dir));
+  return Bind(config, std::move(checkpoint));
+}
+
+}  // namespace dsinfer::model

@@ -1,0 +1,143 @@
+// Typed, zero-copy views of a V4 checkpoint's tensors, bound and validated before the first
+// token: every expected tensor is checked for presence, dtype and shape (errors name the tensor
+// and the file). The views point into the mmapped shards; nothing is copied or dequantized here.
+// Thread-compatible; immutable after Load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace dsinfer::model {
+
+// How a weight matrix [rows = out, cols = in] is stored.
+enum class WeightFormat {
+  kF32,        // [rows, cols] f32
+  kBF16,       // [rows, cols] bf16
+  kFp8Block,   // [rows, cols] e4m3 codes; scales [ceil(rows/B), ceil(cols/B)] (B = 128)
+  kFp4Packed,  // [rows, cols/2] packed e2m1 pairs (low nibble = even col); scales [rows, cols/32]
+};
+
+// A 2-D weight matrix view. Scales are e8m0 codes or f32 powers of two (scale_dtype says which).
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  DType scale_dtype = DType::kF8E8M0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t scale_cols = 0;   // row stride of the scale grid
+  int block = 128;          // FP8: square block edge; FP4: K block (32)
+  std::string name;
+
+  bool valid() const { return data != nullptr; }
+  // Scale for weight element (r, c) as fp32.
+  float Scale(int64_t r, int64_t c) const;
+  int64_t Bytes() const;
+};
+
+// A plain tensor view (norm weights, hc params, ape, sinks, biases, tid2eid).
+struct TensorView {
+  const uint8_t* data = nullptr;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::string name;
+  bool valid() const { return data != nullptr; }
+  int64_t NumElements() const;
+  float F32At(int64_t i) const;   // F32 / BF16 element as fp32
+  int64_t IntAt(int64_t i) const;  // I32 / I64 element
+};
+
+struct HcParams {
+  TensorView fn;     // [(2+hc)*hc, hc*hidden] f32 (hc_head: [hc, hc*hidden])
+  TensorView base;   // [(2+hc)*hc] f32 (hc_head: [hc])
+  TensorView scale;  // [3] f32 (hc_head: [1])
+};
+
+struct CompressorWeights {
+  TensorView ape;      // [ratio, coff*d] f32
+  WeightMatrix wkv;    // [coff*d, hidden] bf16 (run in fp32)
+  WeightMatrix wgate;  // [coff*d, hidden] bf16 (run in fp32)
+  TensorView norm;     // [d] bf16
+};
+
+struct IndexerWeights {
+  WeightMatrix wq_b;          // [index_heads*index_head_dim, q_lora] fp8
+  WeightMatrix weights_proj;  // [index_heads, hidden] bf16
+  CompressorWeights compressor;  // d = index_head_dim, overlap (coff = 2)
+};
+
+struct ExpertWeights {
+  WeightMatrix w1;  // [moe_inter, hidden] fp4 (or fp8)
+  WeightMatrix w3;  // [moe_inter, hidden]
+  WeightMatrix w2;  // [hidden, moe_inter]
+};
+
+struct LayerWeights {
+  int layer_id = 0;  // 0..n_layers-1 backbone; n_layers.. MTP
+  int compress_ratio = 0;
+  HcParams hc_attn, hc_ffn;
+  TensorView attn_norm;  // [hidden] bf16
+  TensorView ffn_norm;   // [hidden] bf16
+  // attention
+  TensorView attn_sink;  // [heads] f32
+  WeightMatrix wq_a;     // [q_lora, hidden] fp8
+  TensorView q_norm;     // [q_lora] bf16
+  WeightMatrix wq_b;     // [heads*head_dim, q_lora] fp8
+  WeightMatrix wkv;      // [head_dim, hidden] fp8
+  TensorView kv_norm;    // [head_dim] bf16
+  WeightMatrix wo_a;     // [o_groups*o_lora, heads*head_dim/o_groups] fp8 (used as exact bf16)
+  WeightMatrix wo_b;     // [hidden, o_groups*o_lora] fp8
+  CompressorWeights compressor;  // ratio > 0 only
+  IndexerWeights indexer;        // ratio == 4 only
+  // MoE
+  WeightMatrix gate;     // [experts, hidden] bf16 (run in fp32)
+  TensorView gate_bias;  // [experts] f32 (score-routed layers)
+  TensorView tid2eid;    // [vocab, experts_per_tok] i32/i64 (hash-routed layers)
+  ExpertWeights shared;  // fp8
+  std::vector<ExpertWeights> experts;
+  // MTP only
+  WeightMatrix e_proj, h_proj;    // [hidden, hidden] fp8
+  TensorView enorm, hnorm, norm;  // [hidden] bf16
+  HcParams hc_head;
+};
+
+class ModelWeights {
+ public:
+  // Opens the checkpoint directory (config.json + safetensors), validates every tensor.
+  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& dir);
+  // Binds an already-open checkpoint against a config (used by tests).
+  static Result<std::unique_ptr<ModelWeights>> Bind(const ModelConfig& config,
+                                                    std::unique_ptr<io::Checkpoint> checkpoint);
+
+  const ModelConfig& config() const { return config_; }
+  const io::Checkpoint& checkpoint() const { return *checkpoint_; }
+
+  TensorView embed;  // [vocab, hidden] bf16
+  WeightMatrix head; // [vocab, hidden] bf16 (fp32 logits)
+  TensorView norm;   // [hidden] bf16
+  HcParams hc_head;
+  std::vector<LayerWeights> layers;  // backbone then MTP
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<io::Checkpoint> checkpoint_;
+};
+
+// One expected tensor of the official layout: name, accepted dtypes and shape.
+struct TensorSpec {
+  std::string name;
+  std::vector<DType> dtypes;  // first = the dtype create-demo-model writes
+  std::vector<int64_t> shape;
+};
+// Every tensor the config implies, in the official index order (per layer: non-expert tensors,
+// experts, gate). Scales of FP8/FP4 matrices are listed right after their weights.
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+
+}  // namespace dsinfer::model

@@ -1,0 +1,127 @@
+// Invariants of the CPU forward pass: chunked prefill and token-by-token decode equal a
+// one-shot prefill exactly (same per-row arithmetic), sequence state resets cleanly, MTP runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/cpu_model.h"
+#include "test_models.h"
+
+namespace dsinfer::backend::cpu {
+namespace {
+
+std::vector<int32_t> RandomIds(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(2, vocab - 1);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = dist(rng);
+  return ids;
+}
+
+std::vector<float> RunChunks(CpuModel& m, const std::vector<int32_t>& ids, const std::vector<int>& chunks) {
+  auto state = m.NewSequence();
+  std::vector<float> all;
+  size_t i = 0, c = 0;
+  while (i < ids.size()) {
+    size_t n = std::min<size_t>(chunks[std::min(c, chunks.size() - 1)], ids.size() - i);
+    ForwardOutput out;
+    Status st = m.Forward(*state, std::span<const int32_t>(ids.data() + i, n), {.all_logits = true}, &out);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+    i += n, ++c;
+  }
+  return all;
+}
+
+struct Case {
+  std::string preset;
+  bool official;
+};
+
+class ForwardInvariance : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForwardInvariance, ChunkedPrefillAndDecodeEqualOneShot) {
+  const auto& w = dsinfer::testing::PresetWeights(GetParam().preset);
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
+  ASSERT_TRUE(m.ok());
+  // Long enough for ratio-128 rows and for the indexer to select (visible rows > index_topk).
+  auto ids = RandomIds(300, w.config().vocab_size, 7);
+  auto one_shot = RunChunks(**m, ids, {300});
+  for (float v : one_shot) ASSERT_TRUE(std::isfinite(v));
+  auto chunked = RunChunks(**m, ids, {1, 7, 64, 3, 100, 128});
+  auto decode = RunChunks(**m, ids, {130, 1});
+  ASSERT_EQ(one_shot.size(), chunked.size());
+  ASSERT_EQ(one_shot.size(), decode.size());
+  for (size_t i = 0; i < one_shot.size(); ++i) {
+    ASSERT_EQ(one_shot[i], chunked[i]) << "element " << i;
+    ASSERT_EQ(one_shot[i], decode[i]) << "element " << i;
+  }
+}
+
+TEST_P(ForwardInvariance, ResetGivesAFreshSequence) {
+  const auto& w = dsinfer::testing::PresetWeights(GetParam().preset);
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
+  ASSERT_TRUE(m.ok());
+  auto a = RandomIds(133, w.config().vocab_size, 1), b = RandomIds(9, w.config().vocab_size, 2);
+  auto state = (*m)->NewSequence();
+  ForwardOutput out_a, out_b, fresh;
+  ASSERT_TRUE((*m)->Forward(*state, a, {}, &out_a).ok());
+  (*m)->Reset(*state);
+  ASSERT_TRUE((*m)->Forward(*state, b, {}, &out_b).ok());
+  auto clean = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->Forward(*clean, b, {}, &fresh).ok());
+  EXPECT_EQ(out_b.logits, fresh.logits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, ForwardInvariance,
+                         ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false}, Case{"tiny-b", true},
+                                           Case{"tiny-c", false}),
+                         [](const auto& info) {
+                           std::string n = info.param.preset + (info.param.official ? "_official" : "_fp32");
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(Forward, RejectsOutOfVocabularyTokens) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(m.ok());
+  auto state = (*m)->NewSequence();
+  ForwardOutput out;
+  std::vector<int32_t> bad = {1, w.config().vocab_size};
+  EXPECT_FALSE((*m)->Forward(*state, bad, {}, &out).ok());
+  std::vector<int32_t> negative = {-1};
+  EXPECT_FALSE((*m)->Forward(*state, negative, {}, &out).ok());
+  EXPECT_EQ(state->n_tokens, 0);  // nothing was consumed
+}
+
+TEST(Forward, MtpChunkingIsExactAndLogitsAreFinite) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(m.ok());
+  auto ids = RandomIds(40, w.config().vocab_size, 3);
+  auto state = (*m)->NewSequence();
+  ForwardOutput out;
+  ASSERT_TRUE((*m)->Forward(*state, ids, {.all_logits = true, .want_hidden = true}, &out).ok());
+  const int64_t HD = int64_t{w.config().hc_mult} * w.config().hidden;
+  std::vector<int32_t> next(ids.begin() + 1, ids.end());
+  std::span<const float> hidden(out.hidden.data(), (ids.size() - 1) * HD);
+  std::vector<float> one_shot, part1, part2;
+  auto s1 = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->ForwardMtp(*s1, hidden, next, &one_shot).ok());
+  auto s2 = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->ForwardMtp(*s2, hidden.subspan(0, 20 * HD), std::span(next).subspan(0, 20), &part1).ok());
+  ASSERT_TRUE((*m)->ForwardMtp(*s2, hidden.subspan(20 * HD), std::span(next).subspan(20), &part2).ok());
+  part1.insert(part1.end(), part2.begin(), part2.end());
+  EXPECT_EQ(one_shot, part1);
+  for (float v : one_shot) ASSERT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace dsinfer::backend::cpu
