@@ -13,11 +13,11 @@ bool Args::Parse(int argc, char** argv, const std::set<std::string>& value_flags
       positional_.push_back(a);
       continue;
     }
-    std::string name = a.substr(2), value;
-    bool has_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1), name = name.substr(0, eq), has_value = true;
-    }
+    const std::string body = a.substr(2);
+    const size_t eq = body.find('=');
+    const bool has_value = eq != std::string::npos;
+    const std::string name = has_value ? body.substr(0, eq) : body;
+    std::string value = has_value ? body.substr(eq + 1) : std::string();
     if (bool_flags.count(name)) {
       if (has_value) {
         error_ = "--" + name + " takes no value";

@@ -167,9 +167,5 @@ int RunGenerate(int argc, char** argv) {
   return 0;
 }
 
-int RunBench(int, char**) {
-  std::fprintf(stderr, "dsinfer bench: use the bench_model program for now\n");
-  return 2;
-}
 
 }  // namespace dsinfer::cli

@@ -79,12 +79,57 @@ TEST_P(ForwardInvariance, ResetGivesAFreshSequence) {
 INSTANTIATE_TEST_SUITE_P(Presets, ForwardInvariance,
                          ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false}, Case{"tiny-b", true},
                                            Case{"tiny-c", false}),
-                         [](const auto& info) {
-                           std::string n = info.param.preset + (info.param.official ? "_official" : "_fp32");
+                         [](const auto& param_info) {
+                           std::string n = param_info.param.preset + (param_info.param.official ? "_official" : "_fp32");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+TEST(Forward, BatchedStepEqualsSequencesAlone) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(m.ok());
+  const int vocab = w.config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {RandomIds(150, vocab, 11), RandomIds(1, vocab, 12),
+                                               RandomIds(37, vocab, 13)};
+  // Alone: prefill then 3 decode steps each.
+  std::vector<std::vector<float>> alone(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto st = (*m)->NewSequence();
+    ForwardOutput out;
+    ASSERT_TRUE((*m)->Forward(*st, prompts[i], {.all_logits = true}, &out).ok());
+    alone[i] = out.logits;
+    for (int k = 0; k < 3; ++k) {
+      int32_t tok[1] = {static_cast<int32_t>(5 + k + i)};
+      ASSERT_TRUE((*m)->Forward(*st, tok, {}, &out).ok());
+      alone[i].insert(alone[i].end(), out.logits.begin(), out.logits.end());
+    }
+  }
+  // Batched: all prefills in one step, then decode steps of all three together.
+  std::vector<std::unique_ptr<SequenceState>> states;
+  std::vector<ForwardOutput> outs(prompts.size());
+  std::vector<SequenceChunk> chunks;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    states.push_back((*m)->NewSequence());
+    chunks.push_back({states[i].get(), prompts[i], {.all_logits = true}, &outs[i]});
+  }
+  ASSERT_TRUE((*m)->ForwardBatch(chunks).ok());
+  std::vector<std::vector<float>> batched(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) batched[i] = outs[i].logits;
+  std::vector<int32_t> toks(prompts.size());
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      toks[i] = static_cast<int32_t>(5 + k + i);
+      chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
+    }
+    ASSERT_TRUE((*m)->ForwardBatch(chunks).ok());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      batched[i].insert(batched[i].end(), outs[i].logits.begin(), outs[i].logits.end());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(alone[i], batched[i]) << "sequence " << i;
+}
 
 TEST(Forward, RejectsOutOfVocabularyTokens) {
   const auto& w = dsinfer::testing::PresetWeights("tiny-a");

@@ -36,7 +36,7 @@ inline const model::ModelWeights& PresetWeights(const std::string& preset, uint6
   DSINFER_CHECK_MSG(st.ok(), st.ToString());
   auto weights = model::ModelWeights::Load(dir);
   DSINFER_CHECK_MSG(weights.ok(), weights.status().ToString());
-  return *(*cache)[key] = std::move(weights).value();
+  return *((*cache)[key] = std::move(weights).value());
 }
 
 }  // namespace dsinfer::testing

@@ -73,23 +73,31 @@ bool CompressorPush(CompressorState& st, int64_t pos, const float* a, const floa
   return true;
 }
 
-// Runs a compressor over T tokens of x [T, hidden]: fp32 projections, pooling, then norm and
-// RoPE at the group's first position; `post` finishes each row (FP8 or Hadamard+FP4).
+// Compressor projections for all rows of a step: a = wkv x, g = wgate x (fp32, no rounding).
+void CompressorProject(const model::CompressorWeights& cw, int64_t T, const float* x, ThreadPool& pool,
+                       std::vector<float>* a, std::vector<float>* g) {
+  a->resize(T * cw.wkv.rows);
+  g->resize(T * cw.wgate.rows);
+  MatMul(cw.wkv, x, T, a->data(), pool);
+  MatMul(cw.wgate, x, T, g->data(), pool);
+}
+
+// Feeds one segment's projections (rows [seg.row, seg.row + seg.n) of a and g) into its
+// compressor, pooling completed groups; norm and RoPE at the group's first position, then
+// `post` finishes each row (FP8 or Hadamard+FP4) before it is appended to rows_out.
 template <typename PostFn>
-void RunCompressor(const model::CompressorWeights& cw, CompressorState& st, const model::ModelConfig& c,
-                   const RopeTable& rope, int64_t start, int64_t T, const float* x, int d, const Numerics& nm,
-                   ThreadPool& pool, std::vector<float>& rows_out, PostFn&& post) {
+void CompressorFeed(const model::CompressorWeights& cw, CompressorState& st, const model::ModelConfig& c,
+                    const RopeTable& rope, const Segment& seg, const std::vector<float>& a,
+                    const std::vector<float>& g, int d, const Numerics& nm, std::vector<float>& rows_out,
+                    PostFn&& post) {
   const int w = st.width;
-  std::vector<float> a(T * w), g(T * w);
-  MatMul(cw.wkv, x, T, a.data(), pool);
-  MatMul(cw.wgate, x, T, g.data(), pool);
-  std::vector<float> row(d);
-  for (int64_t t = 0; t < T; ++t) {
-    int64_t pos = start + t;
-    float* gt = g.data() + t * w;
+  std::vector<float> row(d), gt(w);
+  for (int64_t t = 0; t < seg.n; ++t) {
+    int64_t pos = seg.start_pos + t;
+    const float* gsrc = g.data() + (seg.row + t) * w;
     int64_t ape_row = pos % st.ratio;
-    for (int i = 0; i < w; ++i) gt[i] += cw.ape.F32At(ape_row * w + i);
-    if (!CompressorPush(st, pos, a.data() + t * w, gt, row.data())) continue;
+    for (int i = 0; i < w; ++i) gt[i] = gsrc[i] + cw.ape.F32At(ape_row * w + i);
+    if (!CompressorPush(st, pos, a.data() + (seg.row + t) * w, gt.data(), row.data())) continue;
     if (nm.round_bf16) RoundBf16InPlace(row.data(), d);
     RmsNormRows(row.data(), 1, d, &cw.norm, c.norm_eps, nm.round_bf16);
     int64_t first_pos = pos + 1 - st.ratio;
@@ -113,7 +121,7 @@ std::vector<int32_t> TopK(const std::vector<float>& scores, int k) {
 
 }  // namespace
 
-void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t start, int64_t T, const float* x,
+void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T, const float* x,
                          float* out) {
   const model::ModelConfig& c = config();
   const Numerics& nm = numerics_;
@@ -122,6 +130,15 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
   const int H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
   const int ratio = lw.compress_ratio;
   const float eps = static_cast<float>(c.norm_eps);
+  const int W = c.window;
+  // Absolute position of every row of the step.
+  std::vector<int64_t> pos_of(T);
+  std::vector<int32_t> seg_of(T);
+  for (size_t si = 0; si < segments.size(); ++si)
+    for (int64_t t = 0; t < segments[si].n; ++t) {
+      pos_of[segments[si].row + t] = segments[si].start_pos + t;
+      seg_of[segments[si].row + t] = static_cast<int32_t>(si);
+    }
 
   // ---- query path: c_q = q_norm(wq_a x); q = wq_b c_q; per-head RMS (no weight); RoPE.
   std::vector<float> qr(T * c.q_lora_rank);  // [T, q_lora] also the indexer's input
@@ -129,16 +146,16 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
   RmsNormRows(qr.data(), T, c.q_lora_rank, &lw.q_norm, c.norm_eps, nm.round_bf16);
   std::vector<float> q(T * H * hd);  // [T, H, hd]
   QuantLinear(lw.wq_b, qr.data(), T, q.data(), nm, pool_, c.act_block);
-  for (int64_t t = 0; t < T; ++t) {
+  pool_.ParallelFor(T, [&](int64_t t) {
     for (int h = 0; h < H; ++h) {
       float* qh = q.data() + (t * H + h) * hd;
       float ss = Dot(qh, qh, hd);
       float inv = 1.0f / std::sqrt(ss / hd + eps);
       if (nm.round_bf16) inv = RoundBf16(inv);
       for (int i = 0; i < hd; ++i) qh[i] = nm.round_bf16 ? RoundBf16(qh[i] * inv) : qh[i] * inv;
-      ApplyRope(rope, qh + nope, start + t, false, nm.round_bf16);
+      ApplyRope(rope, qh + nope, pos_of[t], false, nm.round_bf16);
     }
-  }
+  });
 
   // ---- window KV: kv_norm(wkv x), RoPE on the tail, FP8 round trip on the nope dims.
   std::vector<float> kv(T * hd);  // [T, hd]
@@ -146,23 +163,31 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
   RmsNormRows(kv.data(), T, hd, &lw.kv_norm, c.norm_eps, nm.round_bf16);
   for (int64_t t = 0; t < T; ++t) {
     float* row = kv.data() + t * hd;
-    ApplyRope(rope, row + nope, start + t, false, nm.round_bf16);
+    ApplyRope(rope, row + nope, pos_of[t], false, nm.round_bf16);
     if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
   }
-  // Contiguous KV for positions [base, start + T): the ring's older rows, then this chunk.
-  const int W = c.window;
-  const int64_t base = std::max<int64_t>(0, start - (W - 1));
-  std::vector<float> win((start - base + T) * hd);  // [(start-base)+T, hd]
-  for (int64_t p = base; p < start; ++p)
-    std::copy_n(ls.window_kv.data() + (p % W) * hd, hd, win.data() + (p - base) * hd);
-  std::copy(kv.begin(), kv.end(), win.begin() + (start - base) * hd);
+  // Per segment: contiguous KV for positions [base, start + n): the ring's rows, then the step's.
+  std::vector<std::vector<float>> win(segments.size());  // [(start-base)+n, hd] each
+  std::vector<int64_t> win_base(segments.size());
+  for (size_t si = 0; si < segments.size(); ++si) {
+    const Segment& sg = segments[si];
+    int64_t base = std::max<int64_t>(0, sg.start_pos - (W - 1));
+    win_base[si] = base;
+    win[si].resize((sg.start_pos - base + sg.n) * hd);
+    for (int64_t p = base; p < sg.start_pos; ++p)
+      std::copy_n(sg.layer->window_kv.data() + (p % W) * hd, hd, win[si].data() + (p - base) * hd);
+    std::copy_n(kv.data() + sg.row * hd, sg.n * hd, win[si].data() + (sg.start_pos - base) * hd);
+  }
 
-  // ---- compressor: new compressed rows become visible to later queries of this chunk.
+  // ---- compressor: new compressed rows become visible to later queries of the same step.
   if (ratio > 0) {
-    RunCompressor(lw.compressor, ls.compressor, c, rope, start, T, x, hd, nm, pool_, ls.compressed,
-                  [&](float* row) {
-                    if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
-                  });
+    std::vector<float> a, g;
+    CompressorProject(lw.compressor, T, x, pool_, &a, &g);
+    for (auto& sg : segments)
+      CompressorFeed(lw.compressor, sg.layer->compressor, c, rope, sg, a, g, hd, nm, sg.layer->compressed,
+                     [&](float* row) {
+                       if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
+                     });
   }
 
   // ---- indexer (CSA): per-query top-k of the visible compressed rows.
@@ -174,7 +199,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
     for (int64_t t = 0; t < T; ++t) {
       for (int h = 0; h < ih; ++h) {
         float* v = qi.data() + (t * ih + h) * ihd;
-        ApplyRope(rope, v + ihd - rd, start + t, false, nm.round_bf16);
+        ApplyRope(rope, v + ihd - rd, pos_of[t], false, nm.round_bf16);
         if (nm.indexer_fp4) {
           HadamardInPlace(v, ihd, nm.round_bf16);
           Fp4RoundTripInPlace(v, ihd, 32);
@@ -185,16 +210,19 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
     QuantLinear(lw.indexer.weights_proj, x, T, wts.data(), nm, pool_, c.act_block);
     const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
     for (auto& v : wts) v = nm.round_bf16 ? RoundBf16(v * wscale) : v * wscale;
-    RunCompressor(lw.indexer.compressor, ls.index_compressor, c, rope, start, T, x, ihd, nm, pool_, ls.index_keys,
-                  [&](float* row) {
-                    if (nm.indexer_fp4) {
-                      HadamardInPlace(row, ihd, nm.round_bf16);
-                      Fp4RoundTripInPlace(row, ihd, 32);
-                    }
-                  });
+    std::vector<float> a, g;
+    CompressorProject(lw.indexer.compressor, T, x, pool_, &a, &g);
+    for (auto& sg : segments)
+      CompressorFeed(lw.indexer.compressor, sg.layer->index_compressor, c, rope, sg, a, g, ihd, nm,
+                     sg.layer->index_keys, [&](float* row) {
+                       if (nm.indexer_fp4) {
+                         HadamardInPlace(row, ihd, nm.round_bf16);
+                         Fp4RoundTripInPlace(row, ihd, 32);
+                       }
+                     });
     pool_.ParallelFor(T, [&](int64_t t) {
-      int64_t pos = start + t;
-      int n_vis = static_cast<int>((pos + 1) / 4);
+      const LayerState& ls = *segments[seg_of[t]].layer;
+      int n_vis = static_cast<int>((pos_of[t] + 1) / 4);
       if (n_vis <= c.index_topk) {
         selected[t].resize(n_vis);
         std::iota(selected[t].begin(), selected[t].end(), 0);
@@ -221,10 +249,13 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
   pool_.ParallelFor(T * H, [&](int64_t th) {
     int64_t t = th / H;
     int h = static_cast<int>(th % H);
-    int64_t pos = start + t;
+    int64_t pos = pos_of[t];
+    const int si = seg_of[t];
+    const LayerState& ls = *segments[si].layer;
     const float* qh = q.data() + th * hd;
     std::vector<const float*> rows;
-    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) rows.push_back(win.data() + (p - base) * hd);
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p)
+      rows.push_back(win[si].data() + (p - win_base[si]) * hd);
     if (ratio == 4) {
       for (int32_t j : selected[t]) rows.push_back(ls.compressed.data() + static_cast<int64_t>(j) * hd);
     } else if (ratio > 0) {
@@ -234,18 +265,18 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
     std::vector<float> logits(rows.size());
     float sink = lw.attn_sink.F32At(h);
     float mx = sink;
-    for (size_t s = 0; s < rows.size(); ++s) {
-      logits[s] = Dot(qh, rows[s], hd) * scale;
-      mx = std::max(mx, logits[s]);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      logits[r] = Dot(qh, rows[r], hd) * scale;
+      mx = std::max(mx, logits[r]);
     }
     float denom = std::exp(sink - mx);
     float* oh = o.data() + th * hd;
     std::fill_n(oh, hd, 0.0f);
-    for (size_t s = 0; s < rows.size(); ++s) {
-      float p = std::exp(logits[s] - mx);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      float p = std::exp(logits[r] - mx);
       denom += p;
       float pv = nm.round_bf16 ? RoundBf16(p) : p;  // P is cast to bf16 before P.V
-      const float* kvs = rows[s];
+      const float* kvs = rows[r];
       for (int i = 0; i < hd; ++i) oh[i] += pv * kvs[i];
     }
     float inv = 1.0f / denom;
@@ -270,9 +301,11 @@ void CpuModel::Attention(const model::LayerWeights& lw, LayerState& ls, int64_t 
   if (nm.round_bf16) RoundBf16InPlace(z.data(), static_cast<int64_t>(z.size()));
   QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
 
-  // ---- keep the last `window` KV rows for the next chunk.
-  for (int64_t t = 0; t < T; ++t)
-    std::copy_n(kv.data() + t * hd, hd, ls.window_kv.data() + ((start + t) % W) * hd);
+  // ---- keep the last `window` KV rows of each sequence for its next step.
+  for (int64_t t = 0; t < T; ++t) {
+    LayerState& ls = *segments[seg_of[t]].layer;
+    std::copy_n(kv.data() + t * hd, hd, ls.window_kv.data() + (pos_of[t] % W) * hd);
+  }
 }
 
 }  // namespace dsinfer::backend::cpu

@@ -55,18 +55,18 @@ std::unique_ptr<SequenceState> CpuModel::NewSequence() const {
   return s;
 }
 
-void CpuModel::Block(const model::LayerWeights& lw, LayerState& ls, int64_t start, std::span<const int32_t> tokens,
+void CpuModel::Block(const model::LayerWeights& lw, std::span<Segment> segments, std::span<const int32_t> tokens,
                      std::vector<float>& H) {
   const auto& c = config();
   const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
   const bool rb = numerics_.round_bf16;
-  std::vector<float> x(T * D), y(T * D);
+  std::vector<float> x(T * D), y(T * D);  // [T, D]
   std::vector<HcMix> mix(T);
   // Attention sub-layer.
   pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_attn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
   RmsNormRows(x.data(), T, D, &lw.attn_norm, c.norm_eps, rb);
-  Attention(lw, ls, start, T, x.data(), y.data());
+  Attention(lw, segments, T, x.data(), y.data());
   pool_.ParallelFor(T, [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
   // MoE sub-layer.
   pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_ffn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
@@ -87,20 +87,35 @@ void CpuModel::Logits(const float* H, int64_t T, const model::HcParams& hc_head,
 
 Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
                          ForwardOutput* out) {
+  SequenceChunk chunk{&state, tokens, options, out};
+  return ForwardBatch(std::span<SequenceChunk>(&chunk, 1));
+}
+
+Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   const auto& c = config();
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  if (T == 0) return InvalidArgument("Forward: empty token chunk");
-  for (int32_t tok : tokens)
-    if (tok < 0 || tok >= c.vocab_size)
-      return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
-  if (state.layers.size() != static_cast<size_t>(c.n_layers)) return FailedPrecondition("sequence state not initialised");
-  const int64_t start = state.n_tokens;
+  // Validate everything before touching any state: a bad chunk fails the step and loses nothing.
+  int64_t T = 0;
+  for (const auto& ch : chunks) {
+    if (ch.state == nullptr || ch.out == nullptr) return InvalidArgument("ForwardBatch: chunk without state/output");
+    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+    if (ch.state->layers.size() != static_cast<size_t>(c.n_layers))
+      return FailedPrecondition("sequence state not initialised");
+    for (int32_t tok : ch.tokens)
+      if (tok < 0 || tok >= c.vocab_size)
+        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                               std::to_string(c.vocab_size) + ")");
+    for (const auto& other : chunks)
+      if (&other != &ch && other.state == ch.state) return InvalidArgument("ForwardBatch: a sequence appears twice");
+    T += static_cast<int64_t>(ch.tokens.size());
+  }
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+  std::vector<int32_t> tokens;  // [T] flattened
+  tokens.reserve(T);
+  for (const auto& ch : chunks) tokens.insert(tokens.end(), ch.tokens.begin(), ch.tokens.end());
 
   // Embedding, copied into every stream.
   std::vector<float> H(T * HD);  // [T, hc, D]
-  for (int64_t t = 0; t < T; ++t) {
+  pool_.ParallelFor(T, [&](int64_t t) {
     const uint8_t* row = weights_.embed.data + static_cast<int64_t>(tokens[t]) * D * 2;
     for (int64_t i = 0; i < D; ++i) {
       uint16_t b;
@@ -108,16 +123,42 @@ Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens, 
       float v = Bf16ToF32(b);
       for (int k = 0; k < c.hc_mult; ++k) H[t * HD + k * D + i] = v;
     }
+  });
+  std::vector<Segment> segments(chunks.size());
+  for (int li = 0; li < c.n_layers; ++li) {
+    int64_t row = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      segments[i] = {row, static_cast<int64_t>(chunks[i].tokens.size()), chunks[i].state->n_tokens,
+                     &chunks[i].state->layers[li]};
+      row += segments[i].n;
+    }
+    Block(weights_.layers[li], segments, tokens, H);
   }
-  for (int li = 0; li < c.n_layers; ++li) Block(weights_.layers[li], state.layers[li], start, tokens, H);
 
-  if (options.want_hidden) out->hidden = H;
-  state.last_hidden.assign(H.end() - HD, H.end());
-  state.last_token = tokens[T - 1];
-  int64_t first = options.all_logits ? 0 : T - 1;
-  out->logits.resize((T - first) * c.vocab_size);
-  Logits(H.data() + first * HD, T - first, weights_.hc_head, weights_.norm, out->logits.data());
-  state.n_tokens += T;
+  // Head: only the positions each sequence asked for.
+  std::vector<int64_t> head_rows;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    int64_t first = chunks[i].options.all_logits ? 0 : segments[i].n - 1;
+    for (int64_t t = first; t < segments[i].n; ++t) head_rows.push_back(segments[i].row + t);
+  }
+  std::vector<float> Hsel(head_rows.size() * HD);
+  for (size_t r = 0; r < head_rows.size(); ++r) std::copy_n(H.data() + head_rows[r] * HD, HD, Hsel.data() + r * HD);
+  std::vector<float> logits(head_rows.size() * c.vocab_size);
+  Logits(Hsel.data(), static_cast<int64_t>(head_rows.size()), weights_.hc_head, weights_.norm, logits.data());
+
+  size_t r = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    auto& ch = chunks[i];
+    const Segment& sg = segments[i];
+    int64_t n_out = ch.options.all_logits ? sg.n : 1;
+    ch.out->logits.assign(logits.begin() + r * c.vocab_size, logits.begin() + (r + n_out) * c.vocab_size);
+    r += n_out;
+    if (ch.options.want_hidden)
+      ch.out->hidden.assign(H.begin() + sg.row * HD, H.begin() + (sg.row + sg.n) * HD);
+    ch.state->last_hidden.assign(H.begin() + (sg.row + sg.n - 1) * HD, H.begin() + (sg.row + sg.n) * HD);
+    ch.state->last_token = ch.tokens.back();
+    ch.state->n_tokens += sg.n;
+  }
   return Status::Ok();
 }
 
@@ -162,7 +203,8 @@ Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
         float v = ep[t * D + i] + hp[t * HD + k * D + i];
         X[t * HD + k * D + i] = rb ? RoundBf16(v) : v;
       }
-  Block(lw, state.mtp[0], state.mtp_n_tokens, next_tokens, X);
+  Segment seg{0, n, state.mtp_n_tokens, &state.mtp[0]};
+  Block(lw, std::span<Segment>(&seg, 1), next_tokens, X);
   logits->resize(n * c.vocab_size);
   Logits(X.data(), n, lw.hc_head, lw.norm, logits->data());
   state.mtp_n_tokens += n;

@@ -28,6 +28,22 @@ struct ForwardOutput {
   std::vector<float> hidden;   // [n_tokens, hc_mult, hidden] f32 when want_hidden
 };
 
+// One sequence's slice of a batched step: its state, its new tokens, what it wants back.
+struct SequenceChunk {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;
+  ForwardOptions options;
+  ForwardOutput* out = nullptr;
+};
+
+// Where a sequence's tokens sit in a batched step's flattened token rows.
+struct Segment {
+  int64_t row = 0;        // first row in the flattened batch
+  int64_t n = 0;          // tokens of this sequence in the step
+  int64_t start_pos = 0;  // absolute position of its first token
+  LayerState* layer = nullptr;
+};
+
 class CpuModel {
  public:
   static Result<std::unique_ptr<CpuModel>> Create(const model::ModelWeights& weights, Numerics numerics,
@@ -44,6 +60,11 @@ class CpuModel {
   Status Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
                  ForwardOutput* out);
 
+  // One batched step over several sequences (continuous batching): every linear layer and each
+  // expert runs once over all sequences' tokens; attention runs per sequence. Results are
+  // identical to running each chunk alone.
+  Status ForwardBatch(std::span<SequenceChunk> chunks);
+
   // MTP block 0 (spec §8): hidden [n, hc_mult, hidden] = the main model's final streams at
   // positions p..p+n-1 of the MTP sequence, next_tokens [n] = the tokens at p+1..p+n.
   // Returns logits [n, vocab] predicting the tokens at p+2..p+n+1. Advances state.mtp.
@@ -55,9 +76,9 @@ class CpuModel {
   struct Scratch;
 
   // One decoder block (attention + MoE with their mHC) over T tokens; H [T, hc, hidden].
-  void Block(const model::LayerWeights& lw, LayerState& ls, int64_t start_pos, std::span<const int32_t> tokens,
+  void Block(const model::LayerWeights& lw, std::span<Segment> segments, std::span<const int32_t> tokens,
              std::vector<float>& H);
-  void Attention(const model::LayerWeights& lw, LayerState& ls, int64_t start_pos, int64_t T, const float* x,
+  void Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T, const float* x,
                  float* out);
   void Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x, float* out);
   void Logits(const float* H, int64_t T, const model::HcParams& hc_head, const model::TensorView& norm,
