@@ -106,8 +106,8 @@ Status ModelConfig::Validate() const {
   }
   if (hidden % act_block != 0 && hidden > act_block)
     return InvalidArgument("config: hidden_size must be a multiple of the activation block");
-  if (experts_fp4 && (hidden % (2 * fp4_block) != 0 || moe_inter % (2 * fp4_block) != 0))
-    return InvalidArgument("config: FP4 experts need hidden and moe_intermediate_size multiples of 64");
+  if (experts_fp4 && (hidden % fp4_block != 0 || moe_inter % fp4_block != 0))
+    return InvalidArgument("config: FP4 experts need hidden and moe_intermediate_size multiples of 32");
   if (!(norm_eps > 0) || !(hc_eps > 0)) return InvalidArgument("config: eps values must be positive");
   if (!(rope_theta > 0) || !(compress_rope_theta > 0) || !(yarn.factor >= 1) || yarn.original_seq_len <= 0)
     return InvalidArgument("config: bad rope parameters");

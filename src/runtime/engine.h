@@ -1,0 +1,147 @@
+// The serving engine: one owner thread runs all inference state (sequence states, KV budget,
+// prefix cache, scheduler). Other threads talk to it only through Submit / Cancel and the
+// per-request RequestStream. Submit, Cancel, Stats and Shutdown are thread-safe.
+//
+// Usage:
+//   auto engine = Engine::Create(weights, options);
+//   auto stream = engine->Submit(request);          // Result<std::shared_ptr<RequestStream>>
+//   while (auto ev = stream->Next()) { ... if (ev->finished) break; }
+//   stream->Cancel();                                // frees the request at the next step
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/numerics.h"
+#include "core/status.h"
+#include "model/weights.h"
+#include "runtime/sampler.h"
+
+namespace dsinfer::runtime {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct RequestParams {
+  std::vector<int32_t> prompt;          // token ids, non-empty
+  SamplingParams sampling;              // temperature, top_p, top_k, min_p, seed
+  double presence_penalty = 0.0;        // OpenAI semantics, over generated tokens
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;      // HF/vLLM semantics, over prompt + generated tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int max_tokens = 256;
+  int min_tokens = 0;                   // EOS / stop ids are masked until this many tokens
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS
+  bool ignore_eos = false;
+  int n = 1;                            // parallel samples sharing the prompt's KV
+  int top_logprobs = -1;                // -1: no logprobs; 0..20: logprob of the sampled token + top-k
+  std::string request_id;               // for logs/metrics; assigned if empty
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // (token, logprob), best first
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;     // summed over the n samples
+};
+
+// One event of a request's stream. Token events carry new tokens of sample `index`; the final
+// event of each sample has finished = true and a finish reason; usage is filled on every event.
+struct StreamEvent {
+  int index = 0;                         // sample index in [0, n)
+  std::vector<int32_t> tokens;           // newly generated tokens (usually one)
+  std::vector<TokenLogprob> logprobs;    // parallel to tokens when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Usage usage;
+  Status error;                          // non-ok only with finish_reason kError
+  // Timing for metrics (engine clock): when the request was queued / first scheduled.
+  std::chrono::steady_clock::time_point queued_at, scheduled_at;
+};
+
+// Thread-safe single-consumer queue of a request's events.
+class RequestStream {
+ public:
+  explicit RequestStream(std::string id) : id_(std::move(id)) {}
+  const std::string& id() const { return id_; }
+  // Blocks until an event is available or the timeout passes (nullopt on timeout).
+  std::optional<StreamEvent> Next(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+  // Asks the engine to stop this request; resources are freed at its next step.
+  void Cancel();
+  bool cancelled() const;
+  // Engine side.
+  void Push(StreamEvent event);
+  int n_finished() const;
+
+ private:
+  std::string id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;
+  bool cancelled_ = false;
+  int n_finished_ = 0;
+};
+
+struct EngineOptions {
+  backend::Numerics numerics = backend::Numerics::Official();
+  int n_threads = 0;                    // compute threads (0: all cores)
+  int max_num_seqs = 64;                // sequences per step
+  int max_num_batched_tokens = 2048;    // tokens per step (prefill chunks + decodes)
+  int64_t kv_cache_bytes = 0;           // byte budget for sequence state + prefix cache (0: 25% of RAM)
+  int max_queue = 1024;                 // waiting requests before Submit returns ResourceExhausted
+  int64_t max_model_len = 0;            // 0: unlimited (state grows with context)
+  bool enable_prefix_cache = true;
+  int prefix_block_tokens = 128;        // prefix-cache checkpoint granularity
+};
+
+struct EngineStats {
+  int n_running = 0;
+  int n_waiting = 0;
+  double kv_usage = 0.0;                // fraction of kv_cache_bytes in use
+  int64_t kv_bytes_used = 0;
+  int64_t kv_bytes_budget = 0;
+  int64_t prefix_cache_queries = 0;     // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;        // prompt tokens found
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t preemptions_total = 0;
+  std::map<std::string, int64_t> finished_by_reason;
+  int64_t steps_total = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights, EngineOptions options);
+  ~Engine();  // stops the engine thread (aborting running requests)
+
+  // Validates and enqueues a request. Errors: InvalidArgument (empty prompt, token outside the
+  // vocabulary, bad parameters), ResourceExhausted (queue full, or the request can never fit in
+  // the KV budget), FailedPrecondition (shutting down).
+  Result<std::shared_ptr<RequestStream>> Submit(RequestParams params);
+  EngineStats Stats() const;
+  const model::ModelConfig& config() const;
+  // Stops admitting; lets running requests finish until the deadline, then cancels the rest.
+  void Shutdown(std::chrono::steady_clock::time_point deadline);
+  // True once the engine thread has run a warm-up step.
+  bool ready() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsinfer::runtime
