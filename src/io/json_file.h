@@ -3,10 +3,9 @@
 // position. No exception escapes: nlohmann::json's are caught here.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 

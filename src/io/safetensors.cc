@@ -1,143 +1,232 @@
+// Safetensors header parsing and SafetensorsFile (the reading side; the writer is in
+// safetensors_writer.cc, the directory loader in checkpoint.cc).
 #include "io/safetensors.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <set>
-
+#include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "io/json_file.h"
 
 namespace dsinfer::io {
-
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-constexpr int kMaxJsonDepth = 16;
+using json = nlohmann::json;
 
-Status HeaderError(const std::string& file, const std::string& what) {
-  return InvalidArgument("safetensors " + file + ": " + what);
+// Real headers are a few MB even for 100k-tensor checkpoints; this bounds what a hostile length
+// field can make us parse (Hugging Face's reader uses the same limit).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// A valid header nests 3 deep (object -> entry -> shape); leave room for unknown extra fields.
+constexpr int kMaxHeaderDepth = 16;
+constexpr uint64_t kMaxDim = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
+std::string Quoted(const std::string& name) { return "'" + name + "'"; }
+
+class HeaderErrors {
+ public:
+  explicit HeaderErrors(const std::string& source) : source_(source) {}
+  Status File(const std::string& what) const {
+    return InvalidArgument("safetensors " + source_ + ": " + what);
+  }
+  Status Tensor(const std::string& name, const std::string& what) const {
+    return InvalidArgument("safetensors " + source_ + ": tensor " + Quoted(name) + ": " + what);
+  }
+
+ private:
+  const std::string& source_;
+};
+
+// Reads a non-negative integer that fits u64 (JSON floats, negatives and values past u64 -
+// which nlohmann stores as floats - are rejected).
+bool ReadUnsigned(const json& value, uint64_t* out) {
+  if (!value.is_number_unsigned()) return false;
+  *out = value.get<uint64_t>();
+  return true;
+}
+
+Result<TensorInfo> ParseEntry(const std::string& name, const json& entry, uint64_t data_size,
+                              const HeaderErrors& errors) {
+  if (!entry.is_object()) return errors.Tensor(name, "entry is not a JSON object");
+  auto dtype_it = entry.find("dtype");
+  auto shape_it = entry.find("shape");
+  auto offsets_it = entry.find("data_offsets");
+  if (dtype_it == entry.end() || !dtype_it->is_string()) {
+    return errors.Tensor(name, "missing or non-string \"dtype\"");
+  }
+  if (shape_it == entry.end() || !shape_it->is_array()) {
+    return errors.Tensor(name, "missing or non-array \"shape\"");
+  }
+  if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
+    return errors.Tensor(name, "\"data_offsets\" must be an array [begin, end]");
+  }
+
+  TensorInfo info;
+  info.name = name;
+  const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
+  std::optional<DType> dtype = DTypeFromSafetensorsName(dtype_name);
+  if (!dtype) return errors.Tensor(name, "unknown dtype " + Quoted(dtype_name));
+  info.dtype = *dtype;
+
+  uint64_t numel = 1;
+  info.shape.reserve(shape_it->size());
+  for (const json& dim_value : *shape_it) {
+    uint64_t dim = 0;
+    if (!ReadUnsigned(dim_value, &dim) || dim > kMaxDim) {
+      return errors.Tensor(name, "shape entries must be non-negative integers below 2^63");
+    }
+    if (__builtin_mul_overflow(numel, dim, &numel)) {
+      return errors.Tensor(name, "element count of the shape overflows 64 bits");
+    }
+    info.shape.push_back(static_cast<int64_t>(dim));
+  }
+
+  if (!ReadUnsigned((*offsets_it)[0], &info.data_begin) ||
+      !ReadUnsigned((*offsets_it)[1], &info.data_end)) {
+    return errors.Tensor(name, "data_offsets must be non-negative 64-bit integers");
+  }
+  if (info.data_begin > info.data_end) {
+    return errors.Tensor(name, "data_offsets begin " + std::to_string(info.data_begin) +
+                                   " is after end " + std::to_string(info.data_end));
+  }
+  if (info.data_end > data_size) {
+    return errors.Tensor(name, "data_offsets end " + std::to_string(info.data_end) +
+                                   " is past the data section (" + std::to_string(data_size) +
+                                   " bytes)");
+  }
+  uint64_t expected_bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(DTypeSize(info.dtype)),
+                             &expected_bytes)) {
+    return errors.Tensor(name, "byte size of the shape overflows 64 bits");
+  }
+  if (expected_bytes != info.ByteSize()) {
+    return errors.Tensor(name, "data_offsets span " + std::to_string(info.ByteSize()) +
+                                   " bytes but shape x " + dtype_name + " needs " +
+                                   std::to_string(expected_bytes));
+  }
+  return info;
+}
+
+Status ParseMetadata(const json& value, const HeaderErrors& errors,
+                     std::map<std::string, std::string>* out) {
+  if (!value.is_object()) return errors.File("__metadata__ must be an object of strings");
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!it.value().is_string()) {
+      return errors.File("__metadata__ value for key " + Quoted(it.key()) + " is not a string");
+    }
+    (*out)[it.key()] = it.value().get<std::string>();
+  }
+  return Status::Ok();
+}
+
+// Empty tensors occupy no bytes and so overlap nothing, wherever their offsets point.
+Status CheckNoOverlap(const std::vector<TensorInfo>& tensors, const HeaderErrors& errors) {
+  std::vector<const TensorInfo*> by_offset;
+  by_offset.reserve(tensors.size());
+  for (const TensorInfo& t : tensors) {
+    if (t.ByteSize() > 0) by_offset.push_back(&t);
+  }
+  // Stable, so of two identical ranges the later name is the one reported.
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [](const TensorInfo* a, const TensorInfo* b) {
+                     return a->data_begin != b->data_begin ? a->data_begin < b->data_begin
+                                                           : a->data_end < b->data_end;
+                   });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& prev = *by_offset[i - 1];
+    const TensorInfo& cur = *by_offset[i];
+    // Sorted by begin and pairwise disjoint so far, so prev has the largest end seen.
+    if (cur.data_begin < prev.data_end) {
+      return errors.Tensor(cur.name, "bytes [" + std::to_string(cur.data_begin) + ", " +
+                                         std::to_string(cur.data_end) + ") overlap tensor " +
+                                         Quoted(prev.name) + " [" +
+                                         std::to_string(prev.data_begin) + ", " +
+                                         std::to_string(prev.data_end) + ")");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
 
 int64_t TensorInfo::NumElements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  uint64_t n = 1;  // unsigned: a hand-built, unvalidated shape wraps instead of being UB
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return static_cast<int64_t>(n);
 }
 
-Result<std::vector<TensorInfo>> ParseSafetensorsHeader(std::span<const uint8_t> prefix, uint64_t file_size,
-                                                      std::map<std::string, std::string>* metadata,
-                                                      uint64_t* data_section_offset) {
-  const std::string file = "<header>";
-  if (prefix.size() < 8 || file_size < 8) return HeaderError(file, "file shorter than the 8-byte header length");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];
-  if (n > kMaxHeaderBytes) return HeaderError(file, "header length " + std::to_string(n) + " exceeds 100 MB");
-  if (n > file_size - 8 || n > prefix.size() - 8)
-    return HeaderError(file, "header length " + std::to_string(n) + " runs past the end of the file");
-  const uint64_t data_size = file_size - 8 - n;
-  std::string_view text(reinterpret_cast<const char*>(prefix.data() + 8), n);
+Result<std::vector<TensorInfo>> ParseSafetensorsHeader(std::span<const uint8_t> file_prefix,
+                                                       uint64_t file_size,
+                                                       std::map<std::string, std::string>* metadata,
+                                                       uint64_t* data_section_offset) {
+  return ParseSafetensorsHeader(file_prefix, file_size, "<memory>", metadata, data_section_offset);
+}
 
-  bool duplicate = false, too_deep = false;
-  std::string duplicate_key;
-  std::vector<std::set<std::string>> keys_at_depth(kMaxJsonDepth + 2);
-  nlohmann::json::parser_callback_t cb = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (depth > kMaxJsonDepth) {
-      too_deep = true;
-      return false;
-    }
-    if (event == nlohmann::json::parse_event_t::object_start) {
-      keys_at_depth[depth + 1].clear();
-    } else if (event == nlohmann::json::parse_event_t::key) {
-      auto& seen = keys_at_depth[depth];
-      std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second) {
-        duplicate = true;
-        if (duplicate_key.empty()) duplicate_key = key;
-      }
-    }
-    return true;
-  };
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/false);
-  if (too_deep) return HeaderError(file, "header JSON nested too deeply");
-  if (j.is_discarded()) return HeaderError(file, "header is not valid JSON");
-  if (duplicate) return HeaderError(file, "duplicate key '" + duplicate_key + "' in header");
-  if (!j.is_object()) return HeaderError(file, "header must be a JSON object");
-
-  std::vector<TensorInfo> tensors;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) return HeaderError(file, "__metadata__ must be an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return HeaderError(file, "__metadata__ value for '" + m.key() + "' is not a string");
-        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    auto bad = [&](const std::string& what) { return HeaderError(file, "tensor '" + name + "': " + what); };
-    if (!v.is_object()) return bad("entry is not an object");
-    auto dt = v.find("dtype");
-    auto shape = v.find("shape");
-    auto offsets = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string()) return bad("missing dtype");
-    if (shape == v.end() || !shape->is_array()) return bad("missing shape");
-    if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2) return bad("data_offsets must be [begin, end]");
-    TensorInfo info;
-    info.name = name;
-    auto dtype = DTypeFromSafetensorsName(dt->get<std::string>());
-    if (!dtype) return bad("unsupported dtype '" + dt->get<std::string>() + "'");
-    info.dtype = *dtype;
-    uint64_t numel = 1;
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
-      uint64_t dim = d.get<uint64_t>();
-      if (dim > (1ull << 62) || __builtin_mul_overflow(numel, dim, &numel) || numel > (1ull << 62))
-        return bad("shape has too many elements");
-      info.shape.push_back(static_cast<int64_t>(dim));
-    }
-    for (const auto& o : *offsets)
-      if (!o.is_number_unsigned()) return bad("data_offsets must be non-negative integers");
-    info.data_begin = (*offsets)[0].get<uint64_t>();
-    info.data_end = (*offsets)[1].get<uint64_t>();
-    if (info.data_begin > info.data_end) return bad("data_offsets begin > end");
-    if (info.data_end > data_size)
-      return bad("data_offsets end " + std::to_string(info.data_end) + " is past the data section (" +
-                 std::to_string(data_size) + " bytes)");
-    uint64_t want = 0;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(DTypeSize(info.dtype)), &want) ||
-        want != info.data_end - info.data_begin)
-      return bad("byte size " + std::to_string(info.data_end - info.data_begin) + " does not match shape x dtype (" +
-                 std::to_string(want) + ")");
-    tensors.push_back(std::move(info));
+Result<std::vector<TensorInfo>> ParseSafetensorsHeader(std::span<const uint8_t> file_prefix,
+                                                       uint64_t file_size,
+                                                       const std::string& source,
+                                                       std::map<std::string, std::string>* metadata,
+                                                       uint64_t* data_section_offset) {
+  const HeaderErrors errors(source);
+  if (file_size < 8) {
+    return errors.File("file is " + std::to_string(file_size) +
+                       " bytes, shorter than the 8-byte header length");
   }
-  std::vector<const TensorInfo*> sorted;
-  for (const auto& t : tensors) sorted.push_back(&t);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const TensorInfo* a, const TensorInfo* b) { return a->data_begin < b->data_begin; });
-  for (size_t i = 1; i < sorted.size(); ++i)
-    if (sorted[i]->data_begin < sorted[i - 1]->data_end && sorted[i]->data_begin != sorted[i]->data_end &&
-        sorted[i - 1]->data_begin != sorted[i - 1]->data_end)
-      return HeaderError(file, "tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
-  if (data_section_offset) *data_section_offset = 8 + n;
-  return tensors;
+  if (file_prefix.size() < 8) return errors.File("prefix shorter than the 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file_prefix[i];
+  if (header_len > kMaxHeaderBytes) {
+    return errors.File("header length " + std::to_string(header_len) + " exceeds the 100 MB limit");
+  }
+  if (header_len > file_size - 8) {
+    return errors.File("header length " + std::to_string(header_len) +
+                       " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
+  }
+  if (header_len > file_prefix.size() - 8) {
+    return errors.File("only " + std::to_string(file_prefix.size()) + " bytes given for a " +
+                       std::to_string(header_len) + "-byte header");
+  }
+  const uint64_t data_size = file_size - 8 - header_len;
+  std::string_view text(reinterpret_cast<const char*>(file_prefix.data() + 8), header_len);
+
+  JsonParseLimits limits;
+  limits.max_depth = kMaxHeaderDepth;
+  Result<json> parsed = ParseJsonText(text, "safetensors " + source + ": header", limits);
+  if (!parsed.ok()) return parsed.status();
+  const json& header = *parsed;
+  if (!header.is_object()) return errors.File("header is not a JSON object");
+
+  try {
+    std::map<std::string, std::string> parsed_metadata;
+    std::vector<TensorInfo> tensors;
+    tensors.reserve(header.size());
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        DSINFER_RETURN_IF_ERROR(ParseMetadata(it.value(), errors, &parsed_metadata));
+        continue;
+      }
+      DSINFER_ASSIGN_OR_RETURN(TensorInfo info,
+                               ParseEntry(it.key(), it.value(), data_size, errors));
+      tensors.push_back(std::move(info));
+    }
+    DSINFER_RETURN_IF_ERROR(CheckNoOverlap(tensors, errors));
+    if (metadata != nullptr) *metadata = std::move(parsed_metadata);
+    if (data_section_offset != nullptr) *data_section_offset = 8 + header_len;
+    return tensors;
+  } catch (const std::exception& e) {  // get<>() type errors cannot happen after the checks
+    return errors.File(std::string("malformed header: ") + e.what());
+  }
 }
 
 Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  auto f = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
-  DSINFER_ASSIGN_OR_RETURN(f->file_, MappedFile::Open(path));
-  auto parsed = ParseSafetensorsHeader(f->file_->bytes(), f->file_->size(), &f->metadata_, &f->data_offset_);
-  if (!parsed.ok()) {
-    std::string msg = parsed.status().message();
-    auto pos = msg.find("<header>");
-    if (pos != std::string::npos) msg.replace(pos, 8, path);
-    return Status(parsed.status().code(), msg);
-  }
-  f->tensors_ = std::move(parsed).value();
-  for (size_t i = 0; i < f->tensors_.size(); ++i) f->by_name_[f->tensors_[i].name] = i;
-  return f;
+  auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
+  DSINFER_ASSIGN_OR_RETURN(file->file_, MappedFile::Open(path));
+  DSINFER_ASSIGN_OR_RETURN(file->tensors_,
+                           ParseSafetensorsHeader(file->file_->bytes(), file->file_->size(), path,
+                                                  &file->metadata_, &file->data_offset_));
+  for (size_t i = 0; i < file->tensors_.size(); ++i) file->by_name_[file->tensors_[i].name] = i;
+  return file;
 }
 
 const TensorInfo* SafetensorsFile::Find(const std::string& name) const {
@@ -146,153 +235,13 @@ const TensorInfo* SafetensorsFile::Find(const std::string& name) const {
 }
 
 TensorRef SafetensorsFile::Ref(const TensorInfo& info) const {
-  auto bytes = file_->bytes().subspan(data_offset_ + info.data_begin, info.data_end - info.data_begin);
+  // Guards against a TensorInfo from another file, whose offsets were validated elsewhere.
+  DSINFER_CHECK_MSG(
+      info.data_begin <= info.data_end && info.data_end <= file_->size() - data_offset_,
+      "TensorInfo '" + info.name + "' lies outside " + path());
+  std::span<const uint8_t> bytes =
+      file_->bytes().subspan(data_offset_ + info.data_begin, info.ByteSize());
   return {&info, bytes, &file_->path()};
-}
-
-// ---- Checkpoint -------------------------------------------------------------------------------
-
-Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
-  auto ck = std::unique_ptr<Checkpoint>(new Checkpoint());
-  ck->dir_ = dir;
-  std::string index_path = dir + "/model.safetensors.index.json";
-  auto index_file = MappedFile::Open(index_path);
-  if (!index_file.ok()) {
-    // A single-file checkpoint.
-    DSINFER_ASSIGN_OR_RETURN(auto single, SafetensorsFile::Open(dir + "/model.safetensors"));
-    ck->shards_.push_back(std::move(single));
-    for (const auto& t : ck->shards_[0]->tensors()) ck->index_[t.name] = {0, &t};
-    return ck;
-  }
-  auto bytes = (*index_file)->bytes();
-  if (bytes.size() > (64u << 20)) return InvalidArgument(index_path + ": index larger than 64 MiB");
-  nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(index_path + ": malformed JSON");
-  auto wm = j.find("weight_map");
-  if (wm == j.end() || !wm->is_object()) return InvalidArgument(index_path + ": missing weight_map object");
-  std::map<std::string, size_t> shard_of_file;
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it.value().is_string()) return InvalidArgument(index_path + ": weight_map['" + it.key() + "'] is not a string");
-    std::string shard = it.value().get<std::string>();
-    if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos ||
-        shard == "." || shard == "..")
-      return InvalidArgument(index_path + ": shard name '" + shard + "' must be a plain file name in " + dir);
-    if (!shard_of_file.count(shard)) {
-      DSINFER_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/" + shard));
-      shard_of_file[shard] = ck->shards_.size();
-      ck->shards_.push_back(std::move(f));
-    }
-    size_t si = shard_of_file[shard];
-    const TensorInfo* info = ck->shards_[si]->Find(it.key());
-    if (info == nullptr)
-      return NotFound(index_path + ": tensor '" + it.key() + "' is listed in shard " + shard + " but not present there");
-    ck->index_[it.key()] = {si, info};
-  }
-  return ck;
-}
-
-TensorRef Checkpoint::Find(const std::string& name) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) return {};
-  return shards_[it->second.first]->Ref(*it->second.second);
-}
-
-std::vector<std::string> Checkpoint::TensorNames() const {
-  std::vector<std::string> names;
-  for (const auto& [name, _] : index_) names.push_back(name);
-  return names;
-}
-
-uint64_t Checkpoint::TotalBytes() const {
-  uint64_t total = 0;
-  for (const auto& s : shards_) {
-    for (const auto& t : s->tensors()) total += t.data_end - t.data_begin;
-  }
-  return total;
-}
-
-// ---- Writer -------------------------------------------------------------------------------------
-
-Status SafetensorsWriter::Declare(const std::string& name, DType dtype, std::vector<int64_t> shape) {
-  if (out_ != nullptr) return FailedPrecondition("SafetensorsWriter: Declare after Begin");
-  for (const auto& p : pending_)
-    if (p.name == name) return InvalidArgument("SafetensorsWriter: duplicate tensor '" + name + "'");
-  uint64_t n = DTypeSize(dtype);
-  for (int64_t d : shape) {
-    if (d < 0) return InvalidArgument("SafetensorsWriter: negative dimension in '" + name + "'");
-    n *= static_cast<uint64_t>(d);
-  }
-  pending_.push_back({name, dtype, std::move(shape), n});
-  return Status::Ok();
-}
-
-void SafetensorsWriter::SetMetadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-
-uint64_t SafetensorsWriter::DataBytes() const {
-  uint64_t total = 0;
-  for (const auto& p : pending_) total += p.n_bytes;
-  return total;
-}
-
-Status SafetensorsWriter::Begin(const std::string& path) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  uint64_t offset = 0;
-  for (const auto& p : pending_) {
-    header[p.name] = {{"dtype", std::string(SafetensorsName(p.dtype))}, {"shape", p.shape},
-                      {"data_offsets", {offset, offset + p.n_bytes}}};
-    offset += p.n_bytes;
-  }
-  std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // data section 8-byte aligned
-  path_ = path;
-  out_ = std::fopen(path.c_str(), "wb");
-  if (out_ == nullptr) return IoError("cannot create " + path + ": " + std::strerror(errno));
-  uint8_t len[8];
-  uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  if (std::fwrite(len, 1, 8, out_) != 8 || std::fwrite(text.data(), 1, text.size(), out_) != text.size())
-    return IoError("write failed for " + path + ": " + std::strerror(errno));
-  next_ = 0;
-  return Status::Ok();
-}
-
-Status SafetensorsWriter::Write(const std::string& name, std::span<const uint8_t> bytes) {
-  if (out_ == nullptr) return FailedPrecondition("SafetensorsWriter: Write before Begin");
-  if (next_ >= pending_.size() || pending_[next_].name != name)
-    return FailedPrecondition("SafetensorsWriter: tensors must be written in declaration order (got '" + name + "')");
-  if (bytes.size() != pending_[next_].n_bytes)
-    return InvalidArgument("SafetensorsWriter: '" + name + "' has " + std::to_string(bytes.size()) +
-                           " bytes, declared " + std::to_string(pending_[next_].n_bytes));
-  if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), out_) != bytes.size())
-    return IoError("write failed for " + path_ + ": " + std::strerror(errno));
-  ++next_;
-  return Status::Ok();
-}
-
-Status SafetensorsWriter::Finish() {
-  if (out_ == nullptr) return FailedPrecondition("SafetensorsWriter: Finish before Begin");
-  if (next_ != pending_.size()) {
-    std::fclose(out_);
-    out_ = nullptr;
-    return FailedPrecondition("SafetensorsWriter: " + std::to_string(pending_.size() - next_) +
-                              " declared tensors were not written to " + path_);
-  }
-  bool ok = std::fflush(out_) == 0;
-  ok = (std::fclose(out_) == 0) && ok;
-  out_ = nullptr;
-  if (!ok) return IoError("cannot finish " + path_ + ": " + std::strerror(errno));
-  return Status::Ok();
-}
-
-Status WriteSafetensors(const std::string& path, const std::vector<OwnedTensor>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  SafetensorsWriter w;
-  for (const auto& [k, v] : metadata) w.SetMetadata(k, v);
-  for (const auto& t : tensors) DSINFER_RETURN_IF_ERROR(w.Declare(t.name, t.dtype, t.shape));
-  DSINFER_RETURN_IF_ERROR(w.Begin(path));
-  for (const auto& t : tensors) DSINFER_RETURN_IF_ERROR(w.Write(t.name, t.bytes));
-  return w.Finish();
 }
 
 }  // namespace dsinfer::io

@@ -1,7 +1,8 @@
 // Safetensors reading (zero-copy over MappedFile) and writing.
 //
 // Format: u64 little-endian header length N, N bytes of JSON
-//   {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__": {..}}
+//   {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__":
+//   {..}}
 // then the data section; offsets are relative to the start of the data section.
 // The parser treats every byte as hostile: header length past the file, malformed JSON, unknown
 // dtypes, negative/overflowing shapes, offsets outside the data section, byte size != product of
@@ -48,14 +49,15 @@ struct TensorRef {
 // `data_section_offset` (may be null; = 8 + header length); on error leaves them untouched.
 // Tensors are returned sorted by name. Pure; fuzzed (tests/fuzz/).
 Result<std::vector<TensorInfo>> ParseSafetensorsHeader(std::span<const uint8_t> file_prefix,
-                                                      uint64_t file_size,
-                                                      std::map<std::string, std::string>* metadata,
-                                                      uint64_t* data_section_offset);
+                                                       uint64_t file_size,
+                                                       std::map<std::string, std::string>* metadata,
+                                                       uint64_t* data_section_offset);
 // Same, with errors naming `source` (the file path) instead of "<memory>".
 Result<std::vector<TensorInfo>> ParseSafetensorsHeader(std::span<const uint8_t> file_prefix,
-                                                      uint64_t file_size, const std::string& source,
-                                                      std::map<std::string, std::string>* metadata,
-                                                      uint64_t* data_section_offset);
+                                                       uint64_t file_size,
+                                                       const std::string& source,
+                                                       std::map<std::string, std::string>* metadata,
+                                                       uint64_t* data_section_offset);
 
 class SafetensorsFile {
  public:

@@ -1,0 +1,130 @@
+#include "io/mapped_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "io_test_util.h"
+
+namespace dsinfer::io {
+namespace {
+
+using testing::ScratchDir;
+using testing::WriteBytes;
+
+// Resident set size of this process in bytes (second field of /proc/self/statm, in pages).
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t total_pages = 0, resident_pages = 0;
+  statm >> total_pages >> resident_pages;
+  return resident_pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+TEST(MappedFileTest, MapsContents) {
+  ScratchDir dir;
+  std::vector<uint8_t> bytes = {1, 2, 3, 250, 0, 7};
+  WriteBytes(dir.File("f.bin"), bytes);
+  auto file = MappedFile::Open(dir.File("f.bin"));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ((*file)->size(), bytes.size());
+  EXPECT_EQ((*file)->path(), dir.File("f.bin"));
+  std::span<const uint8_t> view = (*file)->bytes();
+  EXPECT_EQ(std::vector<uint8_t>(view.begin(), view.end()), bytes);
+}
+
+TEST(MappedFileTest, EmptyFileIsAnEmptyMapping) {
+  ScratchDir dir;
+  WriteBytes(dir.File("empty"), {});
+  auto file = MappedFile::Open(dir.File("empty"));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ((*file)->size(), 0u);
+  EXPECT_TRUE((*file)->bytes().empty());
+  EXPECT_TRUE((*file)->AdviseWillNeed(0, 100).ok());
+}
+
+TEST(MappedFileTest, MissingFileNamesPathAndErrno) {
+  ScratchDir dir;
+  auto file = MappedFile::Open(dir.File("nope.bin"));
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(file.status().message().find(dir.File("nope.bin")), std::string::npos);
+  EXPECT_NE(file.status().message().find("No such file or directory"), std::string::npos)
+      << file.status().message();
+}
+
+TEST(MappedFileTest, DirectoryIsRejected) {
+  ScratchDir dir;
+  auto file = MappedFile::Open(dir.path());
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find(dir.path()), std::string::npos);
+  EXPECT_NE(file.status().message().find("not a regular file"), std::string::npos);
+}
+
+TEST(MappedFileTest, UnreadableFileNamesErrno) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root ignores file permissions";
+  ScratchDir dir;
+  WriteBytes(dir.File("secret"), {1});
+  std::filesystem::permissions(dir.File("secret"), std::filesystem::perms::none);
+  auto file = MappedFile::Open(dir.File("secret"));
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("Permission denied"), std::string::npos);
+}
+
+// Mapping must cost address space, not memory: resident size stays flat after Open() and only
+// grows when pages are touched. The touch step proves the measurement can see the file.
+TEST(MappedFileTest, OpenIsZeroCopyUntilTouched) {
+  ScratchDir dir;
+  constexpr uint64_t kFileBytes = 256ull << 20;
+  const std::string path = dir.File("big.bin");
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::vector<char> chunk(1 << 20);
+    for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<char>(i * 31 + 1);
+    for (uint64_t written = 0; written < kFileBytes; written += chunk.size()) {
+      out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    }
+    ASSERT_TRUE(out.good());
+  }
+  const uint64_t before_open = ResidentBytes();
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_EQ((*file)->size(), kFileBytes);
+  const uint64_t after_open = ResidentBytes();
+
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::span<const uint8_t> bytes = (*file)->bytes();
+  uint64_t checksum = 0;
+  for (uint64_t i = 0; i < kFileBytes; i += page) checksum += bytes[i];
+  const uint64_t after_touch = ResidentBytes();
+
+  ASSERT_TRUE((*file)->AdviseDontNeed(0, kFileBytes).ok());
+  const uint64_t after_dontneed = ResidentBytes();
+
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  std::printf(
+      "[ zero-copy ] file %.0f MiB: RSS delta after Open %+.1f MiB, after touching every page "
+      "%+.1f MiB, after MADV_DONTNEED %+.1f MiB (checksum %llu)\n",
+      mib(kFileBytes), mib(static_cast<int64_t>(after_open - before_open)),
+      mib(static_cast<int64_t>(after_touch - before_open)),
+      mib(static_cast<int64_t>(after_dontneed - before_open)),
+      static_cast<unsigned long long>(checksum));
+  EXPECT_LT(after_open, before_open + (8ull << 20)) << "Open() read the file";
+  EXPECT_GT(after_touch, before_open + kFileBytes * 3 / 4) << "touching pages was not measured";
+  EXPECT_LT(after_dontneed, before_open + kFileBytes / 4) << "MADV_DONTNEED did not release";
+}
+
+TEST(MappedFileTest, AdviseClampsRanges) {
+  ScratchDir dir;
+  WriteBytes(dir.File("f"), std::vector<uint8_t>(10000, 3));
+  auto file = MappedFile::Open(dir.File("f"));
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->AdviseWillNeed(5000, ~0ull).ok());  // past the end: clamped
+  EXPECT_TRUE((*file)->AdviseWillNeed(123, 1).ok());       // unaligned start: rounded down
+  EXPECT_TRUE((*file)->AdviseWillNeed(20000, 5).ok());     // wholly outside: no-op
+  EXPECT_EQ((*file)->bytes()[9999], 3);
+}
+
+}  // namespace
+}  // namespace dsinfer::io
