@@ -64,4 +64,57 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   return order[keep - 1];
 }
 
+void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj, std::span<const int32_t> prompt,
+                  std::span<const int32_t> generated) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  if (adj.repetition_penalty != 1.0) {
+    std::vector<bool> seen(vocab, false);
+    for (int32_t t : prompt)
+      if (t >= 0 && t < vocab) seen[t] = true;
+    for (int32_t t : generated)
+      if (t >= 0 && t < vocab) seen[t] = true;
+    const float p = static_cast<float>(adj.repetition_penalty);
+    for (int32_t t = 0; t < vocab; ++t)
+      if (seen[t]) logits[t] = logits[t] > 0 ? logits[t] / p : logits[t] * p;
+  }
+  if (adj.presence_penalty != 0.0 || adj.frequency_penalty != 0.0) {
+    std::vector<int32_t> counts(vocab, 0);
+    for (int32_t t : generated)
+      if (t >= 0 && t < vocab) ++counts[t];
+    for (int32_t t = 0; t < vocab; ++t)
+      if (counts[t] > 0)
+        logits[t] -= static_cast<float>(adj.presence_penalty + adj.frequency_penalty * counts[t]);
+  }
+  if (adj.logit_bias)
+    for (const auto& [t, b] : *adj.logit_bias)
+      if (t >= 0 && t < vocab) logits[t] += b;
+  if (adj.banned)
+    for (int32_t t : *adj.banned)
+      if (t >= 0 && t < vocab) logits[t] = -INFINITY;
+}
+
+float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer) {
+  double mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, static_cast<double>(v));
+  double sum = 0.0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  double lz = mx + std::log(sum);
+  if (log_normalizer) *log_normalizer = lz;
+  return static_cast<float>(logits[token] - lz);
+}
+
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k) {
+  double lz;
+  LogprobOf(logits, 0, &lz);
+  k = std::min<int>(k, static_cast<int>(logits.size()));
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int i = 0; i < k; ++i) out.push_back({idx[i], static_cast<float>(logits[idx[i]] - lz)});
+  return out;
+}
+
 }  // namespace dsinfer::runtime

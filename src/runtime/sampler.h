@@ -15,7 +15,25 @@ struct SamplingParams {
   int top_k = 0;             // 0 -> disabled
   double min_p = 0.0;
   uint64_t seed = 0;
+  bool has_seed = false;  // false: the engine draws a seed per request
 };
+
+// Penalties and biases applied to logits before sampling (vLLM/OpenAI semantics).
+struct LogitsAdjustments {
+  double presence_penalty = 0.0;    // subtract once for every token already generated
+  double frequency_penalty = 0.0;   // subtract per occurrence in the generated tokens
+  double repetition_penalty = 1.0;  // divide positive / multiply negative logits of seen tokens
+  const std::vector<std::pair<int32_t, float>>* logit_bias = nullptr;
+  const std::vector<int32_t>* banned = nullptr;  // set to -inf (EOS/stop ids before min_tokens)
+};
+
+// prompt: the request's prompt ids; generated: ids sampled so far.
+void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj, std::span<const int32_t> prompt,
+                  std::span<const int32_t> generated);
+
+// log_softmax(logits)[token] and the top-k (token, logprob) pairs, best first.
+float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer = nullptr);
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k);
 
 // Counter-based generator (splitmix64 of seed and counter): reproducible and order-free.
 double UniformFromCounter(uint64_t seed, uint64_t counter);

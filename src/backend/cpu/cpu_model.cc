@@ -49,6 +49,37 @@ void CpuModel::Reset(SequenceState& s) const {
   s.last_token = -1;
 }
 
+int64_t CpuModel::StateBytes(const SequenceState& s) const {
+  auto layer_bytes = [](const LayerState& l) {
+    return static_cast<int64_t>(l.window_kv.size() + l.compressed.size() + l.index_keys.size() +
+                                l.compressor.kv.size() + l.compressor.score.size() + l.index_compressor.kv.size() +
+                                l.index_compressor.score.size()) *
+           4;
+  };
+  int64_t total = static_cast<int64_t>(s.last_hidden.size()) * 4 + static_cast<int64_t>(sizeof(SequenceState));
+  for (const auto& l : s.layers) total += layer_bytes(l);
+  for (const auto& l : s.mtp) total += layer_bytes(l);
+  return total;
+}
+
+int64_t CpuModel::StateBytesAt(int64_t n_tokens) const {
+  const auto& c = config();
+  int64_t total = static_cast<int64_t>(sizeof(SequenceState)) + int64_t{c.hc_mult} * c.hidden * 4;
+  for (int li = 0; li < c.n_layers + c.n_mtp_layers; ++li) {
+    total += int64_t{c.window} * c.head_dim * 4;
+    int r = c.CompressRatio(li);
+    if (r == 0) continue;
+    int64_t coff = r == 4 ? 2 : 1;
+    total += 2 * (coff * r) * coff * c.head_dim * 4;  // compressor kv + score slots
+    total += (n_tokens / r) * c.head_dim * 4;         // compressed rows
+    if (r == 4) {
+      total += 2 * 8 * 2 * int64_t{c.index_head_dim} * 4;
+      total += (n_tokens / 4) * c.index_head_dim * 4;
+    }
+  }
+  return total;
+}
+
 std::unique_ptr<SequenceState> CpuModel::NewSequence() const {
   auto s = std::make_unique<SequenceState>();
   Reset(*s);
@@ -138,6 +169,7 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   // Head: only the positions each sequence asked for.
   std::vector<int64_t> head_rows;
   for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!chunks[i].options.want_logits) continue;
     int64_t first = chunks[i].options.all_logits ? 0 : segments[i].n - 1;
     for (int64_t t = first; t < segments[i].n; ++t) head_rows.push_back(segments[i].row + t);
   }
@@ -150,7 +182,7 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   for (size_t i = 0; i < chunks.size(); ++i) {
     auto& ch = chunks[i];
     const Segment& sg = segments[i];
-    int64_t n_out = ch.options.all_logits ? sg.n : 1;
+    int64_t n_out = !ch.options.want_logits ? 0 : ch.options.all_logits ? sg.n : 1;
     ch.out->logits.assign(logits.begin() + r * c.vocab_size, logits.begin() + (r + n_out) * c.vocab_size);
     r += n_out;
     if (ch.options.want_hidden)

@@ -21,6 +21,7 @@ struct RopeTable;
 struct ForwardOptions {
   bool all_logits = false;     // logits for every position of the chunk (else the last only)
   bool want_hidden = false;    // also return the final stream state of every position (MTP input)
+  bool want_logits = true;     // false: skip the head (prefill chunks that end mid-prompt)
 };
 
 struct ForwardOutput {
@@ -53,6 +54,10 @@ class CpuModel {
   const model::ModelConfig& config() const { return weights_.config(); }
   const Numerics& numerics() const { return numerics_; }
   std::unique_ptr<SequenceState> NewSequence() const;
+  // Bytes a sequence state holds now, and would hold after n_tokens positions (for admission
+  // control: fixed windows and compressor states plus compressed rows growing with context).
+  int64_t StateBytes(const SequenceState& state) const;
+  int64_t StateBytesAt(int64_t n_tokens) const;
   void Reset(SequenceState& state) const;
 
   // Runs tokens at positions [state.n_tokens, state.n_tokens + tokens.size()) and advances the

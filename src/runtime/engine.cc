@@ -1,0 +1,503 @@
+// Engine loop: one owner thread for all inference state. Each step it (1) takes new requests,
+// (2) drops cancelled ones, (3) builds a token-budgeted batch — decodes first, then prefill
+// chunks FCFS — preempting the newest sequences (by recompute) if the KV budget would overflow,
+// (4) runs one batched forward, (5) samples and streams tokens.
+#include "runtime/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <random>
+#include <thread>
+
+#include "backend/cpu/cpu_model.h"
+#include "core/thread_pool.h"
+#include "runtime/prefix_cache.h"
+
+namespace dsinfer::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using backend::cpu::SequenceState;
+
+struct Request {
+  RequestParams params;
+  std::shared_ptr<RequestStream> stream;
+  Clock::time_point queued_at, scheduled_at;
+  bool scheduled = false;
+  int n_live = 0;  // samples not finished
+  Usage usage;
+  uint64_t seed = 0;
+};
+
+// One sample of a request (n > 1 forks after the prompt).
+struct Sequence {
+  std::shared_ptr<Request> req;
+  int index = 0;
+  std::unique_ptr<SequenceState> state;  // null while waiting / after preemption
+  std::vector<int32_t> tokens;           // prompt + generated: what the state must consume
+  std::vector<int32_t> generated;
+  int64_t n_prompt = 0;
+  bool forked = false;                   // n > 1 copies already made
+  uint64_t arrival = 0;                  // FCFS order
+};
+
+uint64_t SampleSeed(uint64_t seed, int index) { return seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index); }
+
+int64_t DefaultKvBudget() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return int64_t{4} << 30;
+  return static_cast<int64_t>(pages) * page / 4;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  const model::ModelWeights& weights;
+  EngineOptions options;
+  ThreadPool pool;
+  std::unique_ptr<backend::cpu::CpuModel> model;
+  PrefixCache prefix_cache;
+
+  std::mutex mu;  // guards incoming, stopping, draining, stats
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Request>> incoming;
+  bool stopping = false;
+  bool draining = false;
+  Clock::time_point drain_deadline;
+  EngineStats stats;
+  int engine_waiting = 0;  // waiting sequences on the engine side, as of the last step
+  std::atomic<bool> is_ready{false};
+  std::thread thread;
+
+  // Engine-thread state.
+  std::list<std::unique_ptr<Sequence>> waiting;
+  std::list<std::unique_ptr<Sequence>> running;
+  uint64_t next_arrival = 0;
+  int64_t preemptions = 0, steps = 0, prompt_tokens = 0, generation_tokens = 0;
+  int64_t cache_queries = 0, cache_hits = 0;
+  std::map<std::string, int64_t> finished_by_reason;
+
+  Impl(const model::ModelWeights& w, EngineOptions o) : weights(w), options(o), pool(o.n_threads) {}
+
+  int64_t UsedBytes() const {
+    int64_t b = prefix_cache.bytes();
+    for (const auto& s : running)
+      if (s->state) b += model->StateBytes(*s->state);
+    return b;
+  }
+
+  void Finish(Sequence& s, FinishReason reason, Status error = Status::Ok()) {
+    StreamEvent ev;
+    ev.index = s.index;
+    ev.finished = true;
+    ev.finish_reason = reason;
+    ev.error = std::move(error);
+    ev.usage = s.req->usage;
+    ev.queued_at = s.req->queued_at;
+    ev.scheduled_at = s.req->scheduled_at;
+    s.req->n_live--;
+    ++finished_by_reason[FinishReasonName(reason)];
+    s.req->stream->Push(std::move(ev));
+    s.state.reset();
+  }
+
+  void Loop();
+  bool Step();
+  void Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts, int64_t& budget);
+  void Sample(Sequence& s, std::span<const float> logits);
+  void PublishStats();
+};
+
+void Engine::Impl::PublishStats() {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.n_running = static_cast<int>(running.size());
+  engine_waiting = static_cast<int>(waiting.size());
+  stats.n_waiting = static_cast<int>(waiting.size() + incoming.size());
+  stats.kv_bytes_used = UsedBytes();
+  stats.kv_bytes_budget = options.kv_cache_bytes;
+  stats.kv_usage = options.kv_cache_bytes > 0 ? static_cast<double>(stats.kv_bytes_used) / options.kv_cache_bytes : 0;
+  stats.prefix_cache_queries = cache_queries;
+  stats.prefix_cache_hits = cache_hits;
+  stats.prompt_tokens_total = prompt_tokens;
+  stats.generation_tokens_total = generation_tokens;
+  stats.preemptions_total = preemptions;
+  stats.finished_by_reason = finished_by_reason;
+  stats.steps_total = steps;
+}
+
+void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
+  const RequestParams& p = s.req->params;
+  // n > 1: the prompt was computed once; fork the other samples from its state now.
+  if (p.n > 1 && !s.forked && s.index == 0 && s.generated.empty()) {
+    s.forked = true;
+    for (int i = 1; i < p.n; ++i) {
+      auto copy = std::make_unique<Sequence>();
+      copy->req = s.req;
+      copy->index = i;
+      copy->state = std::make_unique<SequenceState>(*s.state);
+      copy->tokens = s.tokens;
+      copy->n_prompt = s.n_prompt;
+      copy->forked = true;
+      copy->arrival = s.arrival;
+      Sequence& c = *copy;
+      running.push_back(std::move(copy));
+      Sample(c, raw);
+    }
+  }
+  std::vector<float> logits(raw.begin(), raw.end());
+  std::vector<int32_t> banned;
+  const int eos = weights.config().eos_token_id;
+  if (static_cast<int>(s.generated.size()) < p.min_tokens) {
+    banned = p.stop_token_ids;
+    if (!p.ignore_eos) banned.push_back(eos);
+  }
+  LogitsAdjustments adj{p.presence_penalty, p.frequency_penalty, p.repetition_penalty, &p.logit_bias, &banned};
+  AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), s.generated);
+  SamplingParams sp = p.sampling;
+  sp.seed = SampleSeed(s.req->seed, s.index);
+  int32_t tok = runtime::Sample(logits, sp, s.generated.size());
+
+  StreamEvent ev;
+  ev.index = s.index;
+  ev.queued_at = s.req->queued_at;
+  ev.scheduled_at = s.req->scheduled_at;
+  bool is_stop = (!p.ignore_eos && tok == eos) ||
+                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+  s.req->usage.completion_tokens++;
+  ++generation_tokens;
+  s.generated.push_back(tok);
+  if (!is_stop) {
+    ev.tokens.push_back(tok);
+    if (p.top_logprobs >= 0) {
+      TokenLogprob lp;
+      lp.token = tok;
+      lp.logprob = LogprobOf(raw, tok);
+      lp.top = TopLogprobs(raw, p.top_logprobs);
+      ev.logprobs.push_back(std::move(lp));
+    }
+  }
+  int64_t total_len = static_cast<int64_t>(s.tokens.size()) + 1;
+  bool length = static_cast<int>(s.generated.size()) >= p.max_tokens ||
+                (options.max_model_len > 0 && total_len >= options.max_model_len);
+  ev.usage = s.req->usage;
+  if (is_stop || length) {
+    ev.finished = true;
+    ev.finish_reason = is_stop ? FinishReason::kStop : FinishReason::kLength;
+    s.req->n_live--;
+    ++finished_by_reason[FinishReasonName(ev.finish_reason)];
+    s.state.reset();
+  } else {
+    s.tokens.push_back(tok);
+  }
+  s.req->stream->Push(std::move(ev));
+}
+
+void Engine::Impl::Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts, int64_t& budget) {
+  while (!waiting.empty() && budget > 0 && static_cast<int>(batch.size()) < options.max_num_seqs &&
+         static_cast<int>(running.size()) < options.max_num_seqs) {
+    Sequence& s = *waiting.front();
+    // A (re)admitted sequence needs its whole context's state; wait while it does not fit.
+    int64_t need = model->StateBytesAt(static_cast<int64_t>(s.tokens.size()));
+    if (UsedBytes() + need > options.kv_cache_bytes) {
+      prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - need - (UsedBytes() - prefix_cache.bytes())));
+      if (UsedBytes() + need > options.kv_cache_bytes) break;
+    }
+    s.state = model->NewSequence();
+    if (options.enable_prefix_cache) {
+      // Resumed (preempted) sequences may also restore their prompt's prefix.
+      bool first_time = s.generated.empty() && !s.req->scheduled;
+      if (first_time) cache_queries += s.n_prompt;
+      if (const auto* hit = prefix_cache.Lookup(s.tokens, s.n_prompt - 1)) {
+        *s.state = *hit->state;  // exact restore
+        if (first_time) {
+          cache_hits += static_cast<int64_t>(hit->tokens.size());
+          s.req->usage.cached_prompt_tokens = static_cast<int64_t>(hit->tokens.size());
+        }
+      }
+    }
+    if (!s.req->scheduled) {
+      s.req->scheduled = true;
+      s.req->scheduled_at = Clock::now();
+    }
+    running.push_back(std::move(waiting.front()));
+    waiting.pop_front();
+    Sequence& r = *running.back();
+    int64_t remaining = static_cast<int64_t>(r.tokens.size()) - r.state->n_tokens;
+    int64_t n = std::min(remaining, budget);
+    // Prefill chunks end at prefix-cache boundaries so snapshots can be taken after the step.
+    int64_t pos = r.state->n_tokens;
+    if (options.enable_prefix_cache && pos < r.n_prompt - 1) {
+      int64_t next = std::min<int64_t>((pos / options.prefix_block_tokens + 1) * options.prefix_block_tokens,
+                                       r.n_prompt - 1);
+      n = std::min(n, next - pos);
+    }
+    batch.push_back(&r);
+    counts.push_back(n);
+    budget -= n;
+  }
+}
+
+bool Engine::Impl::Step() {
+  // Cancellations and engine drain deadline.
+  bool force_cancel = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    force_cancel = draining && Clock::now() >= drain_deadline;
+  }
+  auto drop_cancelled = [&](std::list<std::unique_ptr<Sequence>>& list) {
+    for (auto it = list.begin(); it != list.end();) {
+      if ((*it)->req->stream->cancelled() || force_cancel) {
+        Finish(**it, FinishReason::kCancelled);
+        it = list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  drop_cancelled(running);
+  drop_cancelled(waiting);
+  if (running.empty() && waiting.empty()) return false;
+
+  // Build the batch: decodes (one token) first, then prefill chunks of running sequences, then
+  // new admissions, all under the token budget.
+  std::vector<Sequence*> batch;
+  std::vector<int64_t> counts;
+  int64_t budget = options.max_num_batched_tokens;
+  running.sort([](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& sp : running) {
+      Sequence& s = *sp;
+      int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.state->n_tokens;
+      bool is_decode = remaining == 1;
+      if ((pass == 0) != is_decode || remaining <= 0 || budget <= 0) continue;
+      if (static_cast<int>(batch.size()) >= options.max_num_seqs) break;
+      int64_t n = std::min(remaining, budget);
+      int64_t pos = s.state->n_tokens;
+      if (options.enable_prefix_cache && pos < s.n_prompt - 1) {
+        int64_t next = std::min<int64_t>((pos / options.prefix_block_tokens + 1) * options.prefix_block_tokens,
+                                         s.n_prompt - 1);
+        n = std::min(n, next - pos);
+      }
+      batch.push_back(&s);
+      counts.push_back(n);
+      budget -= n;
+    }
+  }
+  Admit(batch, counts, budget);
+
+  // KV budget: the state growth of this step must fit; otherwise evict cached prefixes, then
+  // preempt the newest running sequences (their work is recomputed later, tokens are kept).
+  auto growth = [&] {
+    int64_t g = 0;
+    for (size_t i = 0; i < batch.size(); ++i)
+      g += model->StateBytesAt(batch[i]->state->n_tokens + counts[i]) - model->StateBytesAt(batch[i]->state->n_tokens);
+    return g;
+  };
+  while (!batch.empty() && UsedBytes() + growth() > options.kv_cache_bytes) {
+    int64_t over = UsedBytes() + growth() - options.kv_cache_bytes;
+    if (prefix_cache.bytes() > 0) {
+      prefix_cache.EvictTo(std::max<int64_t>(0, prefix_cache.bytes() - over));
+      continue;
+    }
+    if (running.size() <= 1) break;  // admission guaranteed a lone sequence fits
+    auto victim = std::max_element(running.begin(), running.end(),
+                                   [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+    Sequence* v = victim->get();
+    auto bi = std::find(batch.begin(), batch.end(), v);
+    if (bi != batch.end()) {
+      counts.erase(counts.begin() + (bi - batch.begin()));
+      batch.erase(bi);
+    }
+    v->state.reset();
+    ++preemptions;
+    waiting.push_front(std::move(*victim));
+    running.erase(victim);
+  }
+  if (batch.empty()) return !running.empty() || !waiting.empty();
+
+  std::vector<backend::cpu::SequenceChunk> chunks(batch.size());
+  std::vector<backend::cpu::ForwardOutput> outs(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i];
+    int64_t pos = s.state->n_tokens;
+    bool completes = pos + counts[i] == static_cast<int64_t>(s.tokens.size());
+    chunks[i].state = s.state.get();
+    chunks[i].tokens = std::span<const int32_t>(s.tokens.data() + pos, counts[i]);
+    chunks[i].options.want_logits = completes;
+    chunks[i].out = &outs[i];
+    if (pos < s.n_prompt) prompt_tokens += std::min<int64_t>(counts[i], s.n_prompt - pos);
+  }
+  Status st = model->ForwardBatch(chunks);
+  ++steps;
+  if (!st.ok()) {
+    for (Sequence* s : batch) Finish(*s, FinishReason::kError, st);
+  } else {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Sequence& s = *batch[i];
+      int64_t pos = s.state->n_tokens;
+      if (options.enable_prefix_cache && s.generated.empty() && pos <= s.n_prompt - 1 &&
+          (pos % options.prefix_block_tokens == 0 || pos == s.n_prompt - 1)) {
+        std::span<const int32_t> prefix(s.tokens.data(), pos);
+        int64_t snap_bytes = model->StateBytes(*s.state);
+        if (!prefix_cache.Contains(prefix)) {
+          // Snapshots live under the same budget: make room by LRU eviction, or skip caching.
+          int64_t live = UsedBytes() - prefix_cache.bytes();
+          prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
+          if (live + prefix_cache.bytes() + snap_bytes <= options.kv_cache_bytes)
+            prefix_cache.Insert(prefix, std::make_shared<SequenceState>(*s.state), snap_bytes);
+        }
+      }
+      if (chunks[i].options.want_logits) Sample(s, outs[i].logits);
+    }
+  }
+  running.remove_if([](const auto& s) { return s->state == nullptr; });
+  return true;
+}
+
+void Engine::Impl::Loop() {
+  {
+    // Warm-up: one token through every layer so the first request pays no first-touch costs.
+    auto state = model->NewSequence();
+    backend::cpu::ForwardOutput out;
+    int32_t bos[1] = {weights.config().bos_token_id};
+    (void)model->Forward(*state, bos, {}, &out);
+    is_ready = true;
+  }
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (running.empty() && waiting.empty())
+        cv.wait(lock, [&] { return stopping || !incoming.empty(); });
+      if (stopping) break;
+      while (!incoming.empty()) {
+        auto req = std::move(incoming.front());
+        incoming.pop_front();
+        auto s = std::make_unique<Sequence>();
+        s->req = req;
+        s->tokens = req->params.prompt;
+        s->n_prompt = static_cast<int64_t>(req->params.prompt.size());
+        s->arrival = next_arrival++;
+        req->n_live = req->params.n;
+        req->usage.prompt_tokens = s->n_prompt;
+        waiting.push_back(std::move(s));
+      }
+    }
+    Step();
+    PublishStats();
+  }
+  for (auto* list : {&running, &waiting})
+    for (auto& s : *list) Finish(*s, FinishReason::kCancelled);
+  running.clear();
+  waiting.clear();
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  for (auto& req : impl_->incoming) {
+    StreamEvent ev;
+    ev.finished = true;
+    ev.finish_reason = FinishReason::kCancelled;
+    req->stream->Push(std::move(ev));
+  }
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights, EngineOptions options) {
+  if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 || options.max_queue < 1 ||
+      options.prefix_block_tokens < 1)
+    return InvalidArgument("engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
+  if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = DefaultKvBudget();
+  auto impl = std::make_unique<Impl>(weights, options);
+  DSINFER_ASSIGN_OR_RETURN(impl->model, backend::cpu::CpuModel::Create(weights, options.numerics, impl->pool));
+  int64_t one = impl->model->StateBytesAt(1);
+  if (one > options.kv_cache_bytes)
+    return ResourceExhausted("KV budget of " + std::to_string(options.kv_cache_bytes) +
+                             " bytes cannot hold even one sequence (" + std::to_string(one) + " bytes)");
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  Impl* p = engine->impl_.get();
+  p->thread = std::thread([p] { p->Loop(); });
+  return engine;
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
+  const auto& c = impl_->weights.config();
+  if (params.prompt.empty()) return InvalidArgument("prompt must contain at least one token");
+  for (int32_t t : params.prompt)
+    if (t < 0 || t >= c.vocab_size)
+      return InvalidArgument("prompt token " + std::to_string(t) + " is outside the vocabulary");
+  for (int32_t t : params.stop_token_ids)
+    if (t < 0 || t >= c.vocab_size) return InvalidArgument("stop token id outside the vocabulary");
+  if (params.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens)
+    return InvalidArgument("min_tokens must be in [0, max_tokens]");
+  if (params.n < 1 || params.n > 16) return InvalidArgument("n must be in [1, 16]");
+  if (params.top_logprobs > 20) return InvalidArgument("top_logprobs must be <= 20");
+  const auto& sp = params.sampling;
+  if (!(sp.temperature >= 0) || !(sp.top_p > 0 && sp.top_p <= 1) || sp.top_k < 0 || !(sp.min_p >= 0 && sp.min_p <= 1))
+    return InvalidArgument("invalid sampling parameters");
+  if (!(params.repetition_penalty > 0)) return InvalidArgument("repetition_penalty must be > 0");
+  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
+  if (impl_->options.max_model_len > 0 && static_cast<int64_t>(params.prompt.size()) >= impl_->options.max_model_len)
+    return InvalidArgument("prompt of " + std::to_string(params.prompt.size()) + " tokens exceeds max_model_len " +
+                           std::to_string(impl_->options.max_model_len));
+  int64_t need = impl_->model->StateBytesAt(total);
+  if (need > impl_->options.kv_cache_bytes)
+    return ResourceExhausted("request needs " + std::to_string(need) + " bytes of sequence state, more than the KV " +
+                             "budget of " + std::to_string(impl_->options.kv_cache_bytes) + " bytes");
+  auto req = std::make_shared<Request>();
+  if (params.request_id.empty()) {
+    static_assert(sizeof(uintptr_t) <= 8);
+    params.request_id = "req-" + std::to_string(reinterpret_cast<uintptr_t>(req.get()));
+  }
+  req->seed = params.sampling.has_seed ? params.sampling.seed : std::random_device{}();
+  req->stream = std::make_shared<RequestStream>(params.request_id);
+  req->params = std::move(params);
+  req->queued_at = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping || impl_->draining) return FailedPrecondition("engine is shutting down");
+    if (static_cast<int>(impl_->incoming.size()) + impl_->engine_waiting >= impl_->options.max_queue)
+      return ResourceExhausted("request queue is full");
+    impl_->incoming.push_back(req);
+  }
+  impl_->cv.notify_all();
+  return req->stream;
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  EngineStats s = impl_->stats;
+  s.n_waiting = std::max<int>(s.n_waiting, static_cast<int>(impl_->incoming.size()));
+  return s;
+}
+
+const model::ModelConfig& Engine::config() const { return impl_->weights.config(); }
+
+bool Engine::ready() const { return impl_->is_ready.load(); }
+
+void Engine::Shutdown(std::chrono::steady_clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->draining = true;
+    impl_->drain_deadline = deadline;
+  }
+  impl_->cv.notify_all();
+  while (true) {
+    EngineStats s = Stats();
+    if (s.n_running == 0 && s.n_waiting == 0) break;
+    if (std::chrono::steady_clock::now() > deadline + std::chrono::seconds(5)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace dsinfer::runtime
