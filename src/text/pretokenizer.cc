@@ -1,5 +1,7 @@
 #include "text/pretokenizer.h"
 
+#include <cctype>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -38,8 +40,18 @@ CompiledRegex& CompiledRegex::operator=(CompiledRegex&&) noexcept = default;
 CompiledRegex::~CompiledRegex() = default;
 
 Result<CompiledRegex> CompiledRegex::Compile(std::string_view pattern, bool literal) {
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
+  // PCRE2_LITERAL cannot be combined with UTF/UCP in older PCRE2, so escape instead: a
+  // backslash before any ASCII punctuation makes it literal; other bytes are literal already.
+  std::string escaped;
+  if (literal) {
+    for (char c : pattern) {
+      const auto b = static_cast<uint8_t>(c);
+      if (b < 0x80 && !std::isalnum(b)) escaped.push_back('\\');
+      escaped.push_back(c);
+    }
+    pattern = escaped;
+  }
+  const uint32_t options = PCRE2_UTF | PCRE2_UCP;
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   auto code = std::make_unique<Code>();
