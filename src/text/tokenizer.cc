@@ -98,6 +98,13 @@ Status CheckDecoder(const Json& decoder) {
   return Unimplemented("decoder " + decoder.dump().substr(0, 200) + " (only ByteLevel)");
 }
 
+// root[key] by reference (json::value() would copy the multi-megabyte model), null if absent.
+const Json& Member(const Json& root, const char* key) {
+  static const Json kNull;  // immutable
+  auto it = root.find(key);
+  return it == root.end() ? kNull : *it;
+}
+
 Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("cannot open " + path);
@@ -155,14 +162,13 @@ struct Tokenizer::Impl {
 
   Status Build(const Json& root) {
     if (!root.is_object()) return InvalidArgument("tokenizer.json is not a JSON object");
-    DSINFER_RETURN_IF_ERROR(CheckNormalizer(root.value("normalizer", Json())));
-    DSINFER_RETURN_IF_ERROR(CheckDecoder(root.value("decoder", Json())));
-    DSINFER_ASSIGN_OR_RETURN(pre_tokenizer,
-                             PreTokenizer::FromJson(root.value("pre_tokenizer", Json())));
+    DSINFER_RETURN_IF_ERROR(CheckNormalizer(Member(root, "normalizer")));
+    DSINFER_RETURN_IF_ERROR(CheckDecoder(Member(root, "decoder")));
+    DSINFER_ASSIGN_OR_RETURN(pre_tokenizer, PreTokenizer::FromJson(Member(root, "pre_tokenizer")));
     if (!pre_tokenizer.byte_level()) {
       return Unimplemented("pre_tokenizer without ByteLevel (only byte-level BPE is supported)");
     }
-    DSINFER_ASSIGN_OR_RETURN(bpe, BpeModel::FromJson(root.value("model", Json())));
+    DSINFER_ASSIGN_OR_RETURN(bpe, BpeModel::FromJson(Member(root, "model")));
 
     struct Added {
       std::string content;
