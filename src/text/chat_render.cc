@@ -493,15 +493,15 @@ Result<std::vector<int32_t>> EncodePrompt(const Tokenizer& tokenizer,
   std::vector<int32_t> ids;
   for (const auto& segment : segments) {
     if (segment.is_special) {
+      // As the oracle: a control token the vocabulary lacks (e.g. V4.1's "<｜System｜>" with a
+      // V4 tokenizer) is an error, not silently spelled out as text.
       std::optional<int32_t> id = tokenizer.TokenId(segment.text);
-      if (id) {
-        ids.push_back(*id);
-        continue;
-      }
-      // A spelling the vocabulary lacks as one token falls back to added-token recognition.
+      if (!id) return NotFound("special token \"" + segment.text + "\" is not in the vocabulary");
+      ids.push_back(*id);
+      continue;
     }
     DSINFER_ASSIGN_OR_RETURN(std::vector<int32_t> piece,
-                             tokenizer.Encode(segment.text, /*allow_special=*/segment.is_special));
+                             tokenizer.Encode(segment.text, /*allow_special=*/false));
     ids.insert(ids.end(), piece.begin(), piece.end());
   }
   return ids;

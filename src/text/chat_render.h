@@ -38,7 +38,8 @@ struct RenderedPrompt {
 Result<RenderedPrompt> RenderPromptSegments(const ChatRequest& request);
 Result<std::string> RenderPrompt(const ChatRequest& request);
 
-// Encodes segments: special segments with added-token recognition, plain ones as plain text.
+// Encodes segments: each special segment as its token id (NotFound if the vocabulary lacks it),
+// plain ones in plain-text mode.
 Result<std::vector<int32_t>> EncodePrompt(const Tokenizer& tokenizer,
                                           std::span<const PromptSegment> segments);
 

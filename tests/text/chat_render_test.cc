@@ -11,6 +11,7 @@
 
 #include "text/chat_json.h"
 #include "text/chat_json_value.h"
+#include "text/tokenizer.h"
 
 namespace dsinfer::text {
 namespace {
@@ -73,6 +74,36 @@ TEST(ChatRenderFixtures, MatchesOracleForEveryCase) {
   EXPECT_EQ(failures, 0u);
   EXPECT_GE(v4, 300u);
   EXPECT_GE(v41, 300u);
+}
+
+// The oracle's own prompt encoding (V4 cases with "ids"): special segments as control tokens,
+// everything else in plain-text mode.
+TEST(ChatRenderFixtures, EncodePromptMatchesOracleIds) {
+  const std::string path =
+      std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
+  if (!std::ifstream(path).good()) GTEST_SKIP() << "no V4 tokenizer fixture at " << path;
+  Result<Tokenizer> tok = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  size_t checked = 0;
+  for (const auto& c : LoadJsonl("render_cases.jsonl")) {
+    if (!c.contains("ids")) continue;
+    Result<ChatRequest> req = ChatRequestFromJson(c["request"].dump(), ModelVersion::kV4);
+    ASSERT_TRUE(req.ok());
+    Result<RenderedPrompt> rendered = RenderPromptSegments(*req);
+    ASSERT_TRUE(rendered.ok());
+    Result<std::vector<int32_t>> ids = EncodePrompt(*tok, rendered->segments);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    EXPECT_EQ(*ids, c["ids"].get<std::vector<int32_t>>()) << c["id"];
+    ++checked;
+  }
+  EXPECT_GE(checked, 100u);
+  // V4's vocabulary has no <｜System｜>: a V4.1 prompt cannot be encoded with it.
+  ChatRequest v41;
+  v41.version = ModelVersion::kV41;
+  v41.messages.push_back({Role::kSystem, "s", std::nullopt, {}, "", false});
+  Result<RenderedPrompt> rendered = RenderPromptSegments(v41);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(EncodePrompt(*tok, rendered->segments).status().code(), StatusCode::kNotFound);
 }
 
 ChatRequest SimpleRequest(ModelVersion version, const std::string& user_text) {
