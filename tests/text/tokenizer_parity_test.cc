@@ -14,7 +14,8 @@ namespace dsinfer::text {
 namespace {
 
 using testing::FixturePath;
-using testing::Shared;
+using testing::V3;
+using testing::V4;
 
 struct Case {
   std::string text;
@@ -75,13 +76,13 @@ TEST(TokenizerParity, CorpusIsLargeAndCoversLargeInputs) {
   EXPECT_GE(with_specials, 500u);
 }
 
-TEST(TokenizerParity, V4RecognisesAddedTokens) { ExpectParity(Shared().v4, true, &Case::v4, "v4"); }
-TEST(TokenizerParity, V3RecognisesAddedTokens) { ExpectParity(Shared().v3, true, &Case::v3, "v3"); }
-TEST(TokenizerParity, V4PlainMode) { ExpectParity(Shared().v4, false, &Case::plain, "v4 plain"); }
-TEST(TokenizerParity, V3PlainMode) { ExpectParity(Shared().v3, false, &Case::plain, "v3 plain"); }
+TEST(TokenizerParity, V4RecognisesAddedTokens) { ExpectParity(V4(), true, &Case::v4, "v4"); }
+TEST(TokenizerParity, V3RecognisesAddedTokens) { ExpectParity(V3(), true, &Case::v3, "v3"); }
+TEST(TokenizerParity, V4PlainMode) { ExpectParity(V4(), false, &Case::plain, "v4 plain"); }
+TEST(TokenizerParity, V3PlainMode) { ExpectParity(V3(), false, &Case::plain, "v3 plain"); }
 
 TEST(TokenizerParity, DecodeRoundTripsAndStreamingMatches) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   size_t failures = 0;
   for (const Case& c : Corpus()) {
     for (const auto* ids : {&c.v4, &c.plain}) {
@@ -114,7 +115,7 @@ TEST(TokenizerParity, DecodeCasesMatchHf) {
   size_t count = 0, with_replacement = 0, skipped_differs = 0;
   while (std::getline(in, line)) {
     const auto rec = nlohmann::json::parse(line);
-    const Tokenizer& tok = rec["tok"] == "v4" ? Shared().v4 : Shared().v3;
+    const Tokenizer& tok = rec["tok"] == "v4" ? V4() : V3();
     const auto ids = rec["ids"].get<std::vector<int32_t>>();
     const std::string expected = rec["text"].get<std::string>();
     const std::string expected_skip =

@@ -34,24 +34,25 @@ inline std::string V3Json() {
   return overlay.dump();
 }
 
-// Loaded once per test binary: parsing 6 MB of JSON per test would dominate the run time.
-struct Tokenizers {
-  Tokenizer v4;
-  Tokenizer v3;
-};
-
-inline const Tokenizers& Shared() {
-  static const Tokenizers* shared = [] {
-    auto v4 = Tokenizer::FromFile(V4Path());
-    auto v3 = Tokenizer::FromJson(V3Json());
-    if (!v4.ok() || !v3.ok()) {
-      std::fprintf(stderr, "cannot load tokenizers: %s / %s\n", v4.status().ToString().c_str(),
-                   v3.status().ToString().c_str());
+// Each loaded once per process, on first use: ctest runs every test in its own process, and a
+// test that needs only V4 should not pay for parsing V3 too.
+inline const Tokenizer& LoadOnce(bool v3) {
+  auto load = [](bool want_v3) {
+    auto tok = want_v3 ? Tokenizer::FromJson(V3Json()) : Tokenizer::FromFile(V4Path());
+    if (!tok.ok()) {
+      std::fprintf(stderr, "cannot load tokenizer: %s\n", tok.status().ToString().c_str());
       std::abort();
     }
-    return new Tokenizers{std::move(v4).value(), std::move(v3).value()};
-  }();
-  return *shared;
+    return new Tokenizer(std::move(tok).value());
+  };
+  if (v3) {
+    static const Tokenizer* tok = load(true);
+    return *tok;
+  }
+  static const Tokenizer* tok = load(false);
+  return *tok;
 }
+inline const Tokenizer& V4() { return LoadOnce(false); }
+inline const Tokenizer& V3() { return LoadOnce(true); }
 
 }  // namespace dsinfer::text::testing

@@ -13,10 +13,11 @@
 namespace dsinfer::text {
 namespace {
 
-using testing::Shared;
+using testing::V3;
+using testing::V4;
 
 TEST(Tokenizer, V4SpecialTokenIdsMatchSpec) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   const std::pair<const char*, int32_t> expected[] = {
       {"<｜begin▁of▁sentence｜>", 0},
       {"<｜end▁of▁sentence｜>", 1},
@@ -41,7 +42,7 @@ TEST(Tokenizer, V4SpecialTokenIdsMatchSpec) {
 }
 
 TEST(Tokenizer, V3LacksV4Tokens) {
-  const Tokenizer& tok = Shared().v3;
+  const Tokenizer& tok = V3();
   EXPECT_EQ(tok.vocab_size(), 128815);
   EXPECT_EQ(tok.TokenId("<｜User｜>"), 128803);
   EXPECT_FALSE(tok.TokenId("<think>").has_value());
@@ -51,7 +52,7 @@ TEST(Tokenizer, V3LacksV4Tokens) {
 }
 
 TEST(Tokenizer, PlainModeNeverEmitsAddedTokens) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   const std::string text =
       "<｜begin▁of▁sentence｜>sys<｜User｜>hi<｜Assistant｜><think>x</think>｜DSML｜";
   auto special = tok.Encode(text, true);
@@ -66,7 +67,7 @@ TEST(Tokenizer, PlainModeNeverEmitsAddedTokens) {
 }
 
 TEST(Tokenizer, InvalidUtf8IsRejectedWithOffset) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   const std::pair<std::string, size_t> bad[] = {
       {"\xff", 0},
       {"ab\x80", 2},
@@ -93,12 +94,12 @@ TEST(Tokenizer, InvalidUtf8IsRejectedWithOffset) {
 
 TEST(Tokenizer, DecodeRejectsUnknownIds) {
   for (int32_t id : {-1, 129280, 1 << 30}) {
-    auto text = Shared().v4.Decode(std::vector<int32_t>{19923, id});
+    auto text = V4().Decode(std::vector<int32_t>{19923, id});
     ASSERT_FALSE(text.ok());
     EXPECT_EQ(text.status().code(), StatusCode::kOutOfRange);
   }
-  EXPECT_FALSE(Shared().v3.Decode(std::vector<int32_t>{128815}).ok());  // V4-only id
-  EXPECT_TRUE(Shared().v3.Decode(std::vector<int32_t>{128814}).ok());
+  EXPECT_FALSE(V3().Decode(std::vector<int32_t>{128815}).ok());  // V4-only id
+  EXPECT_TRUE(V3().Decode(std::vector<int32_t>{128814}).ok());
 }
 
 TEST(Utf8, LossyFollowsMaximalSubparts) {
@@ -135,7 +136,7 @@ int32_t ByteToken(const Tokenizer& tok, uint8_t byte) {
 }
 
 TEST(StreamingDetokenizer, HoldsSplitCharactersUntilComplete) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   StreamingDetokenizer stream(tok);
   EXPECT_EQ(stream.Next(ByteToken(tok, 'a')), "a");
   EXPECT_EQ(stream.Next(ByteToken(tok, 0xE2)), "");
@@ -225,7 +226,7 @@ TEST(Tokenizer, UnsupportedConfigurationsAreRejected) {
 // Randomized inputs: arbitrary bytes must give a clean accept/reject decision matching UTF-8
 // validity; accepted text must round-trip in both modes; random ids must decode and stream.
 TEST(TokenizerFuzz, RandomBytesAndIds) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   std::mt19937 rng(12345);
   const std::string alphabet[] = {
       "<",    "｜",   "User", "▁",    ">", " ", "\n", "think",           "/",
@@ -263,7 +264,7 @@ TEST(TokenizerFuzz, RandomBytesAndIds) {
 }
 
 TEST(Tokenizer, ConcurrentEncodesAgree) {
-  const Tokenizer& tok = Shared().v4;
+  const Tokenizer& tok = V4();
   std::string text;
   for (int i = 0; i < 2000; ++i) text += "Hello 世界 " + std::to_string(i) + " <｜User｜> ";
   auto expected = tok.Encode(text, true);
