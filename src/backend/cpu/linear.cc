@@ -122,6 +122,94 @@ void Dot4(const float* x, const float* w0, const float* w1, const float* w2, con
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
+#ifdef DSINFER_X86_AVX2
+float HorizontalSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+inline __m256 LoadBf16x8(const uint8_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 e4m3 codes -> fp32 * 2^-8 (the 2^8 bias correction is folded into the block scale).
+inline __m256 LoadE4M3x8(const uint8_t* p) {
+  __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+  __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+}
+
+// Fused dequantize-and-dot for a few tokens (decode): each weight row is read once, converted
+// in registers and multiplied into all M token rows, with no intermediate buffer. y[i*ldy + r].
+template <int M>
+void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, float* y, int64_t ldy,
+              int64_t y_offset) {
+  const int64_t k = w.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    __m256 acc[M];
+    for (int j = 0; j < M; ++j) acc[j] = _mm256_setzero_ps();
+    if (w.format == WeightFormat::kBF16) {
+      const uint8_t* row = w.data + r * k * 2;
+      for (int64_t c = 0; c < k; c += 8) {
+        __m256 wv = LoadBf16x8(row + 2 * c);
+        for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), acc[j]);
+      }
+    } else if (w.format == WeightFormat::kFp8Block) {
+      const uint8_t* row = w.data + r * k;
+      for (int64_t c0 = 0; c0 < k; c0 += 128) {
+        __m256 part[M];
+        for (int j = 0; j < M; ++j) part[j] = _mm256_setzero_ps();
+        for (int64_t c = c0; c < c0 + 128; c += 8) {
+          __m256 wv = LoadE4M3x8(row + c);
+          for (int j = 0; j < M; ++j) part[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), part[j]);
+        }
+        __m256 s = _mm256_set1_ps(w.Scale(r, c0) * 256.0f);
+        for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(part[j], s, acc[j]);
+      }
+    } else {  // kFp4Packed
+      const uint8_t* row = w.data + r * (k / 2);
+      const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+      const __m128i mask = _mm_set1_epi8(0x0f);
+      for (int64_t c0 = 0; c0 < k; c0 += 32) {
+        __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0 / 2));
+        __m128i lo = _mm_and_si128(bytes, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+        __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+        __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
+        __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+        __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+        __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+        __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+        __m256 s = _mm256_set1_ps(w.Scale(r, c0) * 0.5f);
+        for (int j = 0; j < M; ++j) {
+          const float* xj = x + j * k + c0;
+          __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xj));
+          p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), p);
+          p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), p);
+          p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), p);
+          acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
+        }
+      }
+    }
+    for (int j = 0; j < M; ++j) y[j * ldy + y_offset + (r - r0)] = HorizontalSum(acc[j]);
+  }
+}
+
+bool FusedGemvApplies(const WeightMatrix& w) {
+  switch (w.format) {
+    case WeightFormat::kBF16: return w.cols % 8 == 0;
+    case WeightFormat::kFp8Block: return w.cols % 128 == 0;
+    case WeightFormat::kFp4Packed: return w.cols % 32 == 0;
+    default: return false;
+  }
+}
+#endif
+
 }  // namespace
 
 float Dot(const float* a, const float* b, int64_t n) {
@@ -157,6 +245,33 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
                 ThreadPool& pool) {
   const int64_t n_out = row_end - row_begin;
   const int64_t k = w.cols;
+#ifdef DSINFER_X86_AVX2
+  // Fused kernels: each weight row is converted in registers and multiplied into up to 4 token
+  // rows at a time. Every (row, token) dot product is computed by the same instruction sequence
+  // whatever m is, so results are bit-identical between one-shot prefill, chunked prefill,
+  // decode and any batch composition (the runtime's invariance guarantees rest on this).
+  // Row tiles keep a tile's weights in L2 while all token groups pass over them.
+  if (FusedGemvApplies(w)) {
+    constexpr int64_t kRowTile = 16;
+    const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
+    pool.ParallelForRange(n_tiles, [&](int64_t ta, int64_t tb) {
+      for (int64_t t = ta; t < tb; ++t) {
+        int64_t r0 = row_begin + t * kRowTile, r1 = std::min(row_end, r0 + kRowTile);
+        for (int64_t g = 0; g < m; g += 4) {
+          const float* xg = x + g * k;
+          float* yg = y + g * n_out;
+          switch (std::min<int64_t>(4, m - g)) {
+            case 1: GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
+            case 2: GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
+            case 3: GemvRows<3>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
+            default: GemvRows<4>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
+          }
+        }
+      }
+    }, 1);
+    return;
+  }
+#endif
   constexpr int64_t kTile = 4;
   const int64_t n_tiles = (n_out + kTile - 1) / kTile;
   // Enough tiles per task to amortise scheduling, few enough to balance two cores.
