@@ -12,5 +12,6 @@ int RunInspect(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunDetokenize(int argc, char** argv);
 int RunRender(int argc, char** argv);
+int RunServe(int argc, char** argv);
 
 }  // namespace dsinfer::cli

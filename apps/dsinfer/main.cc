@@ -23,6 +23,7 @@ constexpr Command kCommands[] = {
     {"tokenize", dsinfer::cli::RunTokenize, "JSON-lines strings -> token id arrays"},
     {"detokenize", dsinfer::cli::RunDetokenize, "JSON-lines id arrays -> strings"},
     {"render", dsinfer::cli::RunRender, "render an OpenAI chat request to the prompt and ids"},
+    {"serve", dsinfer::cli::RunServe, "OpenAI/Anthropic-compatible HTTP server (docs/SERVER.md)"},
 };
 
 void PrintUsage() {

@@ -1,0 +1,281 @@
+// `dsinfer serve`: the OpenAI- and Anthropic-compatible HTTP server (docs/SERVER.md).
+//
+// Start-up order: listen first (so /health answers and /ready says 503 while loading), then load
+// the weights and tokenizer, create the engine, attach it. Shutdown: SIGTERM/SIGINT arrive on a
+// signalfd polled by the main thread (no work in a signal handler); the server stops accepting,
+// in-flight requests get until --shutdown-timeout to finish, then the engine cancels the rest.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "args.h"
+#include "commands.h"
+#include "core/thread_pool.h"
+#include "model/config.h"
+#include "model/demo_model.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "server/engine_port.h"
+#include "server/http_server.h"
+#include "server/service.h"
+#include "text/tokenizer.h"
+
+namespace dsinfer::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "dsinfer serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file "
+    "FILE]\n"
+    "              [--served-model-name NAME] [--tokenizer FILE] [--model-version v4|v4.1]\n"
+    "              [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-cache-memory "
+    "BYTES|NGiB|NMiB|FRACTION]\n"
+    "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
+    "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
+    "              [--shutdown-timeout SECONDS] [--no-default-thinking]";
+
+void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
+  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", std::gmtime(&now));
+  std::fprintf(stderr, "[%s] ", stamp);
+  std::fprintf(stderr, fmt, a.c_str(), b.c_str());
+  std::fprintf(stderr, "\n");
+}
+
+int Usage(const std::string& error) {
+  if (!error.empty()) std::fprintf(stderr, "dsinfer serve: %s\n", error.c_str());
+  std::fprintf(stderr, "usage: %s\n", kUsage);
+  return 2;
+}
+
+// "17179869184", "16GiB", "512MiB", or a fraction of physical RAM such as "0.3".
+bool ParseMemory(const std::string& text, int64_t* out) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(value > 0)) return false;
+  std::string suffix(end);
+  double scale = 1;
+  if (suffix == "GiB" || suffix == "G" || suffix == "GB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (suffix == "MiB" || suffix == "M" || suffix == "MB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "KiB" || suffix == "K" || suffix == "KB")
+    scale = 1024.0;
+  else if (!suffix.empty())
+    return false;
+  if (suffix.empty() && value < 1.0) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return false;
+    *out = static_cast<int64_t>(value * static_cast<double>(pages) * static_cast<double>(page));
+    return true;
+  }
+  *out = static_cast<int64_t>(value * scale);
+  return *out > 0;
+}
+
+bool ReadKeys(const std::string& path, std::vector<std::string>* keys) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::string line;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t'))
+      line.pop_back();
+    size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys->push_back(line.substr(start));
+  }
+  return true;
+}
+
+// The model directory should hold tokenizer.json. A demo model written before the demo writer
+// copied it gets the repository's DeepSeek-V4 tokenizer, found relative to this binary.
+std::string FindTokenizer(const std::string& model_dir, const std::string& flag) {
+  if (!flag.empty()) return flag;
+  fs::path in_model = fs::path(model_dir) / "tokenizer.json";
+  std::error_code ec;
+  if (fs::exists(in_model, ec)) return in_model.string();
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path dir = exe.parent_path(); !ec && !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    fs::path candidate = dir / "tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
+    if (fs::exists(candidate, ec)) return candidate.string();
+  }
+  return in_model.string();
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  Args args;
+  if (!args.Parse(argc, argv,
+                  {"model", "host", "port", "api-key", "api-key-file", "served-model-name",
+                   "tokenizer", "model-version", "max-num-seqs", "max-num-batched-tokens",
+                   "kv-cache-memory", "max-queue", "max-model-len", "threads", "max-tokens-limit",
+                   "default-max-tokens", "max-connections", "max-body-bytes", "shutdown-timeout"},
+                  {"no-default-thinking"}) ||
+      !args.positional().empty())
+    return Usage(args.error());
+  long long port = 8000, max_num_seqs = 64, max_batched = 2048, max_queue = 1024, max_model_len = 0,
+            threads = 0;
+  long long max_tokens_limit = 32768, default_max_tokens = 2048, max_connections = 256;
+  long long max_body = 8 * 1024 * 1024;
+  double shutdown_timeout = 30;
+  if (!args.GetInt("port", &port) || !args.GetInt("max-num-seqs", &max_num_seqs) ||
+      !args.GetInt("max-num-batched-tokens", &max_batched) ||
+      !args.GetInt("max-queue", &max_queue) || !args.GetInt("max-model-len", &max_model_len) ||
+      !args.GetInt("threads", &threads) || !args.GetInt("max-tokens-limit", &max_tokens_limit) ||
+      !args.GetInt("default-max-tokens", &default_max_tokens) ||
+      !args.GetInt("max-connections", &max_connections) ||
+      !args.GetInt("max-body-bytes", &max_body) ||
+      !args.GetDouble("shutdown-timeout", &shutdown_timeout))
+    return Usage(args.error());
+  if (port < 0 || port > 65535 || max_num_seqs < 1 || max_batched < 1 || max_queue < 1 ||
+      max_model_len < 0 || threads < 0 || max_tokens_limit < 1 || default_max_tokens < 1 ||
+      max_connections < 1 || max_body < 1024 || shutdown_timeout < 0)
+    return Usage("a numeric flag is out of range");
+
+  runtime::EngineOptions engine_options;
+  engine_options.n_threads = static_cast<int>(threads);
+  engine_options.max_num_seqs = static_cast<int>(max_num_seqs);
+  engine_options.max_num_batched_tokens = static_cast<int>(max_batched);
+  engine_options.max_queue = static_cast<int>(max_queue);
+  engine_options.max_model_len = max_model_len;
+  if (auto kv = args.Get("kv-cache-memory")) {
+    if (!ParseMemory(*kv, &engine_options.kv_cache_bytes))
+      return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");
+  }
+
+  server::ServiceOptions service_options;
+  service_options.served_model_name = args.GetOr("served-model-name", "deepseek-v4-flash");
+  service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
+  service_options.default_max_tokens = static_cast<int>(default_max_tokens);
+  service_options.default_thinking = !args.Has("no-default-thinking");
+  if (args.Has("api-key") && args.Has("api-key-file"))
+    return Usage("give --api-key or --api-key-file, not both");
+  if (auto key = args.Get("api-key")) service_options.api_keys.push_back(*key);
+  if (auto file = args.Get("api-key-file")) {
+    if (!ReadKeys(*file, &service_options.api_keys) || service_options.api_keys.empty())
+      return Usage("--api-key-file: cannot read a key from " + *file);
+  }
+  for (const auto& key : service_options.api_keys)
+    if (key.empty()) return Usage("--api-key must not be empty");
+  std::string version = args.GetOr("model-version", "v4");
+  if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
+
+  // Signals go to a signalfd; block them before any thread starts so every thread inherits it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
+  if (signal_fd < 0) return Usage(std::string("signalfd: ") + std::strerror(errno));
+
+  server::Service service(service_options);
+  server::HttpServerOptions http_options;
+  http_options.host = args.GetOr("host", "127.0.0.1");
+  http_options.port = static_cast<int>(port);
+  http_options.max_connections = static_cast<int>(max_connections);
+  http_options.max_body_bytes = static_cast<size_t>(max_body);
+  auto http = server::HttpServer::Listen(
+      http_options, [&service](const server::HttpRequest& request, server::ResponseSink& sink) {
+        service.Handle(request, sink);
+      });
+  if (!http.ok()) {
+    std::fprintf(stderr, "dsinfer serve: %s\n", http.status().ToString().c_str());
+    return 1;
+  }
+  service.SetHttpServer(http->get());
+  (*http)->Start();
+  Log("listening on http://%s (auth %s)", http_options.host + ":" + std::to_string((*http)->port()),
+      service_options.api_keys.empty() ? "off" : "on");
+
+  std::string model_dir = args.GetOr("model", "demo-model");
+  std::error_code ec;
+  if (!args.Has("model") && !fs::exists(fs::path(model_dir) / "config.json", ec)) {
+    Log("no --model given and ./%s is missing: writing the demo model (preset demo)%s", model_dir);
+    auto config = model::PresetConfig("demo");
+    if (!config.ok()) return 1;
+    ThreadPool pool(static_cast<int>(threads));
+    Status st = model::WriteDemoModel(*config, model_dir, model::DemoModelOptions{}, pool);
+    if (!st.ok()) {
+      std::fprintf(stderr, "dsinfer serve: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  auto t0 = Clock::now();
+  Log("loading weights from %s%s", model_dir);
+  auto weights = model::ModelWeights::Load(model_dir);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "dsinfer serve: %s\n", weights.status().ToString().c_str());
+    return 1;
+  }
+  Log("weights loaded: %s%s", (*weights)->config().Summary());
+  std::string tokenizer_path = FindTokenizer(model_dir, args.GetOr("tokenizer", ""));
+  auto tokenizer = text::Tokenizer::FromFile(tokenizer_path);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "dsinfer serve: tokenizer %s: %s\n", tokenizer_path.c_str(),
+                 tokenizer.status().ToString().c_str());
+    return 1;
+  }
+  Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
+  auto engine = runtime::Engine::Create(**weights, engine_options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "dsinfer serve: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  server::RuntimeEnginePort port_adapter(**engine);
+  server::ModelInfo info;
+  info.version = version == "v4.1" ? text::ModelVersion::kV41 : text::ModelVersion::kV4;
+  info.max_model_len = max_model_len;
+  info.created_unix = static_cast<int64_t>(std::time(nullptr));
+  service.Attach(&port_adapter, &*tokenizer, info);
+
+  bool announced_ready = false;
+  for (;;) {
+    pollfd pfd{signal_fd, POLLIN, 0};
+    int r = ::poll(&pfd, 1, announced_ready ? -1 : 50);
+    if (r > 0) break;
+    if (!announced_ready && (*engine)->ready()) {
+      announced_ready = true;
+      char took[32];
+      std::snprintf(took, sizeof(took), "%.1f",
+                    std::chrono::duration<double>(Clock::now() - t0).count());
+      Log("ready: model '%s' loaded and warmed up in %s s", service_options.served_model_name,
+          took);
+    }
+  }
+  signalfd_siginfo info_buf;
+  if (::read(signal_fd, &info_buf, sizeof(info_buf)) < 0) info_buf.ssi_signo = SIGTERM;
+  Log("%s received: draining (up to %s s)", info_buf.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM",
+      std::to_string(static_cast<int>(shutdown_timeout)));
+  service.BeginDrain();
+  (*http)->StopAccepting();
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
+  (*engine)->Shutdown(deadline);
+  // Handlers see their final events right after the engine finishes or cancels them.
+  (*http)->WaitForConnections(deadline + std::chrono::seconds(5));
+  Log("stopped%s%s");
+  ::close(signal_fd);
+  std::fflush(stderr);
+  // Connection threads that are still open (a client that never reads) must not block exit.
+  std::_Exit(0);
+}
+
+}  // namespace dsinfer::cli

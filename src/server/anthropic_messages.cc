@@ -1,0 +1,368 @@
+// POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages API as DeepSeek's
+// Anthropic endpoint serves it: claude-* model names map to the served model, x-api-key or
+// Bearer auth, anthropic-version ignored). Events per serving-protocols.md §2.5 and §3.4.
+#include "server/service_core.h"
+#include "text/chat_json.h"
+
+namespace dsinfer::server {
+namespace {
+
+Result<std::string> BlocksText(const Json& content, const std::string& path) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    return InvalidArgument(path + ": must be a string or an array of blocks");
+  std::string out;
+  for (const auto& block : content) {
+    if (!block.is_object()) return InvalidArgument(path + ": blocks must be objects");
+    std::string type = block.value("type", "");
+    if (type == "text") {
+      if (!block.contains("text") || !block["text"].is_string())
+        return InvalidArgument(path + ": text block needs a string 'text'");
+      out += block["text"].get<std::string>();
+    } else if (type == "document") {
+      out += "[document]";  // placeholder, as the reference converter does
+    } else {
+      return InvalidArgument(path + ": unsupported block type '" + type + "'");
+    }
+  }
+  return out;
+}
+
+Json AnthropicUsage(const runtime::Usage& u) {
+  return Json{{"input_tokens", u.prompt_tokens - u.cached_prompt_tokens},
+              {"output_tokens", u.completion_tokens},
+              {"cache_creation_input_tokens", 0},
+              {"cache_read_input_tokens", u.cached_prompt_tokens}};
+}
+
+std::string StopReason(const SampleOutput& s) {
+  if (s.stopped_by_sequence) return "stop_sequence";
+  if (s.engine_finish == runtime::FinishReason::kLength) return "max_tokens";
+  if (!s.tool_calls.empty()) return "tool_use";
+  return "end_turn";
+}
+
+class MessagesStream final : public GenerationObserver {
+ public:
+  MessagesStream(ResponseSink& sink, std::string id) : sink_(sink), id_(std::move(id)) {}
+  bool Event(const std::string& type, Json data) {
+    Json ordered = {{"type", type}};
+    for (auto& [k, v] : data.items()) ordered[k] = v;
+    return sink_.WriteChunk(SseEvent(type, ordered));
+  }
+  bool OnDelta(int, const OutputDelta& d, std::span<const runtime::TokenLogprob>) override {
+    using K = OutputDelta::Kind;
+    std::string want = d.kind == K::kReasoning ? "thinking"
+                       : d.kind == K::kContent ? "text"
+                                               : "tool_use";
+    bool ok = true;
+    if (d.kind == K::kToolCallStart || open_ != want) {
+      ok = CloseBlock();
+      Json block;
+      if (want == "thinking")
+        block = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
+      else if (want == "text")
+        block = {{"type", "text"}, {"text", ""}};
+      else
+        block = {{"type", "tool_use"},
+                 {"id", ToolId(d.tool_index)},
+                 {"name", d.text},
+                 {"input", Json::object()}};
+      ok = ok && Event("content_block_start", {{"index", index_}, {"content_block", block}});
+      if (want == "thinking") ok = ok && Event("ping", Json::object());
+      open_ = want;
+    }
+    if (d.kind == K::kToolCallStart) return ok;
+    Json delta;
+    if (d.kind == K::kReasoning)
+      delta = {{"type", "thinking_delta"}, {"thinking", d.text}};
+    else if (d.kind == K::kContent)
+      delta = {{"type", "text_delta"}, {"text", d.text}};
+    else
+      delta = {{"type", "input_json_delta"}, {"partial_json", d.text}};
+    return ok && Event("content_block_delta", {{"index", index_}, {"delta", delta}});
+  }
+  bool OnIdle() override { return Event("ping", Json::object()); }
+  bool CloseBlock() {
+    if (open_.empty()) return true;
+    bool ok = true;
+    // Clients send thinking blocks back with their signature; ours is the message id.
+    if (open_ == "thinking")
+      ok = Event("content_block_delta",
+                 {{"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", id_}}}});
+    ok = ok && Event("content_block_stop", {{"index", index_}});
+    open_.clear();
+    ++index_;
+    return ok;
+  }
+  std::string ToolId(int index) const {
+    return "toolu_" + id_.substr(4) + "_" + std::to_string(index);
+  }
+
+ private:
+  ResponseSink& sink_;
+  std::string id_;
+  std::string open_;  // type of the open content block ("" when none)
+  int index_ = 0;
+};
+
+}  // namespace
+
+Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
+  (void)default_thinking;
+  Json messages = Json::array();
+  auto system = body.find("system");
+  if (system != body.end() && !system->is_null()) {
+    DSINFER_ASSIGN_OR_RETURN(std::string text, BlocksText(*system, "system"));
+    messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  auto input = body.find("messages");
+  if (input == body.end() || !input->is_array())
+    return InvalidArgument("messages: must be an array");
+  for (size_t i = 0; i < input->size(); ++i) {
+    const Json& msg = (*input)[i];
+    const std::string path = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) return InvalidArgument(path + ": must be an object");
+    std::string role = msg.value("role", "");
+    if (role != "user" && role != "assistant")
+      return InvalidArgument(path + ".role: must be user or assistant");
+    auto content = msg.find("content");
+    if (content == msg.end()) return InvalidArgument(path + ".content: required");
+    if (content->is_string()) {
+      messages.push_back({{"role", role}, {"content", *content}});
+      continue;
+    }
+    if (!content->is_array())
+      return InvalidArgument(path + ".content: must be a string or an array of blocks");
+    Json out = {{"role", role}, {"content", ""}};
+    std::string text, reasoning;
+    bool has_reasoning = false;
+    Json tool_calls = Json::array();
+    for (size_t b = 0; b < content->size(); ++b) {
+      const Json& block = (*content)[b];
+      const std::string bpath = path + ".content[" + std::to_string(b) + "]";
+      if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
+      std::string type = block.value("type", "");
+      if (type == "text") {
+        if (!block.contains("text") || !block["text"].is_string())
+          return InvalidArgument(bpath + ".text: must be a string");
+        text += block["text"].get<std::string>();
+      } else if (type == "thinking" && role == "assistant") {
+        if (block.contains("thinking") && block["thinking"].is_string())
+          reasoning += block["thinking"].get<std::string>();
+        has_reasoning = true;  // any signature is accepted: they are not portable
+      } else if (type == "redacted_thinking") {
+        continue;
+      } else if (type == "tool_use" && role == "assistant") {
+        if (!block.contains("name") || !block["name"].is_string())
+          return InvalidArgument(bpath + ".name: must be a string");
+        Json input_obj = block.value("input", Json::object());
+        tool_calls.push_back(
+            {{"id", block.value("id", "")},
+             {"type", "function"},
+             {"function", {{"name", block["name"]}, {"arguments", Dump(input_obj)}}}});
+      } else if (type == "tool_result" && role == "user") {
+        std::string result;
+        if (block.contains("content") && !block["content"].is_null()) {
+          DSINFER_ASSIGN_OR_RETURN(result, BlocksText(block["content"], bpath + ".content"));
+        }
+        messages.push_back({{"role", "tool"},
+                            {"tool_call_id", block.value("tool_use_id", "")},
+                            {"content", result}});
+      } else if (type == "image") {
+        return InvalidArgument(bpath + ": image input is not supported by this model");
+      } else if (type == "document") {
+        text += "[document]";
+      } else {
+        return InvalidArgument(bpath + ": unsupported block type '" + type + "'");
+      }
+    }
+    if (role == "user" && text.empty()) continue;  // only tool results
+    out["content"] = text;
+    if (has_reasoning) out["reasoning_content"] = reasoning;
+    if (!tool_calls.empty()) out["tool_calls"] = tool_calls;
+    messages.push_back(out);
+  }
+  Json chat = {{"messages", messages}};
+  auto tools = body.find("tools");
+  if (tools != body.end() && !tools->is_null()) {
+    if (!tools->is_array()) return InvalidArgument("tools: must be an array");
+    Json converted = Json::array();
+    for (const auto& t : *tools) {
+      if (!t.is_object()) return InvalidArgument("tools: entries must be objects");
+      std::string type = t.value("type", "custom");
+      if (type.rfind("web_search", 0) == 0) continue;  // server tools are not offered
+      Json fn = {{"name", t.value("name", "")}};
+      if (t.contains("description")) fn["description"] = t["description"];
+      fn["parameters"] = t.value("input_schema", Json::object());
+      converted.push_back({{"type", "function"}, {"function", fn}});
+    }
+    chat["tools"] = converted;
+  }
+  auto choice = body.find("tool_choice");
+  if (choice != body.end() && choice->is_object()) {
+    std::string type = choice->value("type", "auto");
+    if (type == "any")
+      chat["tool_choice"] = "required";
+    else if (type == "none")
+      chat["tool_choice"] = "none";
+    else if (type == "tool")
+      chat["tool_choice"] = {{"type", "function"},
+                             {"function", {{"name", choice->value("name", "")}}}};
+    else
+      chat["tool_choice"] = "auto";
+  }
+  auto thinking = body.find("thinking");
+  if (thinking != body.end() && thinking->is_object()) {
+    std::string type = thinking->value("type", "");
+    chat["thinking"] = {{"type", type == "disabled" ? "disabled" : "enabled"}};
+  }
+  auto output_config = body.find("output_config");
+  if (output_config != body.end() && output_config->is_object() &&
+      output_config->contains("effort")) {
+    std::string effort =
+        (*output_config)["effort"].is_string() ? (*output_config)["effort"].get<std::string>() : "";
+    chat["reasoning_effort"] = effort == "ultra" ? "max" : effort;
+  }
+  return chat;
+}
+
+namespace {
+
+Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
+  DSINFER_ASSIGN_OR_RETURN(Json chat_json, MessagesToChatJson(body, core.options.default_thinking));
+  DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJson(Dump(chat_json), core.model.version,
+                                                                core.options.default_thinking));
+  return core.EncodeChat(chat);
+}
+
+}  // namespace
+
+void HandleCountTokens(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
+  const auto flavor = ApiFlavor::kAnthropic;
+  auto body = ParseBody(request.body);
+  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
+  auto model = OptString(*body, "model");
+  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
+  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto encoded = EncodeMessages(core, *body);
+  if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
+  SendJson(sink, 200, Json{{"input_tokens", encoded->ids.size()}});
+}
+
+void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
+  const auto flavor = ApiFlavor::kAnthropic;
+  GenerationSpec spec;
+  auto body = ParseBody(request.body);
+  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
+  auto model = OptString(*body, "model");
+  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
+  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto stream = OptBool(*body, "stream");
+  if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);
+  auto max_tokens = OptInt(*body, "max_tokens");
+  if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
+  if (!*max_tokens) return SendError(sink, BadRequest("max_tokens: required"), flavor);
+  auto stops = StopSequences(*body, "stop_sequences");
+  if (!stops.ok()) return SendError(sink, FromStatus(stops.status()), flavor);
+  for (const auto& s : *stops)
+    if (s.empty())
+      return SendError(sink, BadRequest("stop_sequences: must not contain empty strings"), flavor);
+  Status sampling = ParseSampling(*body, &spec.params);
+  if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
+  auto encoded = EncodeMessages(core, *body);
+  if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
+  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
+
+  const std::string id = NewId("msg_");
+  const int64_t prompt_tokens = static_cast<int64_t>(encoded->ids.size());
+  spec.params.prompt = std::move(encoded->ids);
+  spec.params.max_tokens = *resolved_max;
+  spec.params.request_id = id;
+  spec.thinking = encoded->thinking;
+  spec.parse_tools = encoded->has_tools;
+  spec.forced_tool_call = encoded->forced_tool_call;
+  spec.json_output = encoded->json_output;
+  spec.stop = std::move(*stops);
+  auto generation =
+      Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
+  if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
+  Generation& g = **generation;
+  const std::string model_name = model->value_or(core.options.served_model_name);
+
+  if (stream->value_or(false)) {
+    MessagesStream events(sink, id);
+    if (!sink.BeginStream(200, "text/event-stream", SseHeaders(id))) return;
+    // The cache split is known only once the engine schedules the prompt; message_delta carries it.
+    Json start_usage_json = {{"input_tokens", prompt_tokens},
+                             {"output_tokens", 1},
+                             {"cache_creation_input_tokens", 0},
+                             {"cache_read_input_tokens", 0}};
+    Json message = {{"id", id},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", model_name},
+                    {"content", Json::array()},
+                    {"stop_reason", nullptr},
+                    {"stop_sequence", nullptr},
+                    {"usage", start_usage_json}};
+    if (!events.Event("message_start", {{"message", message}})) return;
+    GenerationEnd end = g.Run(&events, &sink);
+    if (end == GenerationEnd::kClientGone) return;
+    events.CloseBlock();
+    if (end == GenerationEnd::kError) {
+      ApiError e;
+      e.status = 500;
+      e.message = g.error().ok() ? "generation failed" : g.error().message();
+      sink.WriteChunk(SseEvent("error", ErrorBody(e, flavor)));
+      sink.EndStream();
+      return;
+    }
+    const SampleOutput& s = g.samples()[0];
+    Json usage = AnthropicUsage(g.usage());
+    events.Event(
+        "message_delta",
+        {{"delta",
+          {{"stop_reason", StopReason(s)},
+           {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)}}},
+         {"usage", usage}});
+    events.Event("message_stop", Json::object());
+    sink.EndStream();
+    return;
+  }
+  GenerationEnd end = g.Run(nullptr, &sink);
+  if (end == GenerationEnd::kClientGone) return;
+  if (end == GenerationEnd::kError) {
+    ApiError e;
+    e.status = 500;
+    e.message = g.error().ok() ? "generation failed" : g.error().message();
+    return SendError(sink, e, flavor);
+  }
+  const SampleOutput& s = g.samples()[0];
+  Json content = Json::array();
+  if (encoded->thinking && !s.reasoning.empty())
+    content.push_back({{"type", "thinking"}, {"thinking", s.reasoning}, {"signature", id}});
+  if (!s.content.empty() || s.tool_calls.empty())
+    content.push_back({{"type", "text"}, {"text", s.content}});
+  for (size_t t = 0; t < s.tool_calls.size(); ++t) {
+    Json input = Json::parse(s.tool_calls[t].arguments, nullptr, false);
+    if (input.is_discarded() || !input.is_object())
+      input = Json{{"arguments", s.tool_calls[t].arguments}};
+    content.push_back({{"type", "tool_use"},
+                       {"id", "toolu_" + id.substr(4) + "_" + std::to_string(t)},
+                       {"name", s.tool_calls[t].name},
+                       {"input", input}});
+  }
+  Json response = {{"id", id},
+                   {"type", "message"},
+                   {"role", "assistant"},
+                   {"model", model_name},
+                   {"content", content},
+                   {"stop_reason", StopReason(s)},
+                   {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)},
+                   {"usage", AnthropicUsage(g.usage())}};
+  SendJson(sink, 200, response, {{"request-id", id}});
+}
+
+}  // namespace dsinfer::server

@@ -1,0 +1,115 @@
+// One generation request as the protocol handlers see it: submit to the engine, then turn the
+// token stream into parsed deltas (reasoning / content / tool calls, via text::OutputParser) per
+// sample, applying stop sequences to answer text, watching the client socket so a disconnect
+// cancels the request within one engine step, and recording latency metrics.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/engine.h"
+#include "server/engine_port.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "text/chat_parser.h"
+#include "text/tokenizer.h"
+
+namespace dsinfer::server {
+
+// A parsed piece of one sample's output, as the protocol handlers format it.
+struct OutputDelta {
+  enum class Kind { kReasoning, kContent, kToolCallStart, kToolCallArguments };
+  Kind kind = Kind::kContent;
+  int tool_index = -1;  // tool calls: 0-based index within the sample
+  std::string text;     // reasoning/content/argument text; the function name for kToolCallStart
+};
+
+struct GenerationSpec {
+  runtime::RequestParams params;
+  bool thinking = false;          // the prompt ended with <think>: output starts as reasoning
+  bool parse_tools = false;       // DSML blocks become tool calls
+  bool raw_text = false;          // /v1/completions: text passes through verbatim (no parsing)
+  bool forced_tool_call = false;  // the prompt opened the DSML block (tool_choice required)
+  bool json_output = false;       // response_format json_object
+  std::vector<std::string> stop;  // stop sequences, matched in answer text only
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+};
+
+struct ToolCallOutput {
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
+struct SampleOutput {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCallOutput> tool_calls;
+  std::vector<runtime::TokenLogprob> logprobs;
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;  // tokens generated while the parser was in reasoning
+  runtime::FinishReason engine_finish = runtime::FinishReason::kNone;
+  bool stopped_by_sequence = false;
+  std::string stop_sequence;
+  bool done = false;
+};
+
+// Callbacks for streaming handlers. Returning false means the client is gone (write failed).
+class GenerationObserver {
+ public:
+  virtual ~GenerationObserver() = default;
+  virtual bool OnDelta(int index, const OutputDelta& delta,
+                       std::span<const runtime::TokenLogprob> logprobs) = 0;
+  // No event for a while (queued or in a long prefill): a chance to send an SSE keep-alive.
+  virtual bool OnIdle() { return true; }
+  // A sample finished (its SampleOutput is final).
+  virtual bool OnSampleDone(int /*index*/) { return true; }
+};
+
+enum class GenerationEnd { kFinished, kClientGone, kCancelled, kError };
+
+class Generation {
+ public:
+  // Submits to the engine; engine errors (queue full, bad parameters) come back here, before any
+  // response byte is written, so handlers can answer with the right status code.
+  static Result<std::unique_ptr<Generation>> Start(EnginePort& engine,
+                                                   const text::Tokenizer& tokenizer,
+                                                   ServerMetrics& metrics, GenerationSpec spec);
+  ~Generation();  // cancels the engine request if still running
+
+  // Runs until every sample finished, the client left, or the request was cancelled.
+  GenerationEnd Run(GenerationObserver* observer, ResponseSink* sink);
+
+  const std::vector<SampleOutput>& samples() const { return samples_; }
+  const runtime::Usage& usage() const { return usage_; }
+  const Status& error() const { return error_; }
+  const std::shared_ptr<runtime::RequestStream>& stream() const { return stream_; }
+  const std::string& request_id() const { return stream_->id(); }
+
+ private:
+  Generation(const text::Tokenizer& tokenizer, ServerMetrics& metrics, GenerationSpec spec,
+             std::shared_ptr<runtime::RequestStream> stream);
+  struct SampleState;
+  // Feeds one engine event; false if the observer reported the client gone.
+  bool Consume(const runtime::StreamEvent& event, GenerationObserver* observer);
+  bool Deliver(int index, std::vector<OutputDelta>& deltas,
+               std::span<const runtime::TokenLogprob> logprobs, GenerationObserver* observer);
+  void RecordOutcome(GenerationEnd end);
+
+  const text::Tokenizer& tokenizer_;
+  ServerMetrics& metrics_;
+  GenerationSpec spec_;
+  std::shared_ptr<runtime::RequestStream> stream_;
+  std::vector<std::unique_ptr<SampleState>> states_;  // [n]
+  std::vector<SampleOutput> samples_;                 // [n]
+  runtime::Usage usage_;
+  Status error_;
+  bool finished_ = false;
+  bool first_token_seen_ = false;
+  std::chrono::steady_clock::time_point last_token_time_;
+};
+
+}  // namespace dsinfer::server

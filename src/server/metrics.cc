@@ -1,0 +1,161 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace dsinfer::server {
+namespace {
+
+// vLLM's bucket boundaries (seconds), so dashboards built for it port directly.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kLatencyBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                             5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                             60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kTokenBuckets = {1,     2,      5,      10,     20,     50,    100,
+                                           200,   500,    1000,   2000,   5000,   10000, 20000,
+                                           50000, 100000, 200000, 500000, 1000000};
+
+std::string Number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+void Metric(std::string* out, const std::string& name, const char* type, const std::string& help) {
+  out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+
+void Sample(std::string* out, const std::string& name, double value,
+            const std::string& labels = "") {
+  out->append(name);
+  if (!labels.empty()) out->append("{").append(labels).append("}");
+  out->append(" ").append(Number(value)).append("\n");
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+  Metric(out, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    Sample(out, name + "_bucket", static_cast<double>(cumulative),
+           "le=\"" + Number(bounds_[i]) + "\"");
+  }
+  Sample(out, name + "_bucket", static_cast<double>(count_), "le=\"+Inf\"");
+  Sample(out, name + "_sum", sum_);
+  Sample(out, name + "_count", static_cast<double>(count_));
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(kTtftBuckets),
+      itl_(kItlBuckets),
+      e2e_(kLatencyBuckets),
+      queue_(kLatencyBuckets),
+      prompt_tokens_(kTokenBuckets),
+      generation_tokens_(kTokenBuckets) {}
+
+void ServerMetrics::ObserveTimeToFirstToken(double s) {
+  std::lock_guard lock(mu_);
+  ttft_.Observe(s);
+}
+void ServerMetrics::ObserveInterTokenLatency(double s) {
+  std::lock_guard lock(mu_);
+  itl_.Observe(s);
+}
+void ServerMetrics::ObserveEndToEnd(double s) {
+  std::lock_guard lock(mu_);
+  e2e_.Observe(s);
+}
+void ServerMetrics::ObserveQueueTime(double s) {
+  std::lock_guard lock(mu_);
+  queue_.Observe(s);
+}
+void ServerMetrics::ObserveRequestTokens(int64_t prompt_tokens, int64_t generation_tokens) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_.Observe(static_cast<double>(prompt_tokens));
+  generation_tokens_.Observe(static_cast<double>(generation_tokens));
+}
+void ServerMetrics::CountFinished(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  ++finished_[reason];
+}
+void ServerMetrics::CountAborted(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  ++aborted_[reason];
+}
+void ServerMetrics::CountHttp(int status) {
+  std::lock_guard lock(mu_);
+  ++http_responses_[status];
+}
+
+std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_connections) const {
+  std::string out;
+  const std::string p = "dsinfer:";
+  Metric(&out, p + "num_requests_running", "gauge", "Requests in the engine's running batch.");
+  Sample(&out, p + "num_requests_running", stats.n_running);
+  Metric(&out, p + "num_requests_waiting", "gauge", "Requests waiting to be scheduled.");
+  Sample(&out, p + "num_requests_waiting", stats.n_waiting);
+  Metric(&out, p + "kv_cache_usage_perc", "gauge", "Fraction of the KV/state budget in use (0-1).");
+  Sample(&out, p + "kv_cache_usage_perc", stats.kv_usage);
+  Metric(&out, p + "prefix_cache_queries", "counter",
+         "Prompt tokens looked up in the prefix cache.");
+  Sample(&out, p + "prefix_cache_queries_total", static_cast<double>(stats.prefix_cache_queries));
+  Metric(&out, p + "prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.");
+  Sample(&out, p + "prefix_cache_hits_total", static_cast<double>(stats.prefix_cache_hits));
+  Metric(&out, p + "prompt_tokens", "counter", "Prefill tokens processed.");
+  Sample(&out, p + "prompt_tokens_total", static_cast<double>(stats.prompt_tokens_total));
+  Metric(&out, p + "generation_tokens", "counter", "Tokens generated.");
+  Sample(&out, p + "generation_tokens_total", static_cast<double>(stats.generation_tokens_total));
+  Metric(&out, p + "num_preemptions", "counter", "Requests preempted by the scheduler.");
+  Sample(&out, p + "num_preemptions_total", static_cast<double>(stats.preemptions_total));
+  Metric(&out, p + "http_open_connections", "gauge", "Open HTTP connections.");
+  Sample(&out, p + "http_open_connections", open_connections);
+
+  std::lock_guard lock(mu_);
+  Metric(&out, p + "request_success", "counter", "Finished requests by finish reason.");
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    auto it = finished_.find(reason);
+    Sample(&out, p + "request_success_total",
+           it == finished_.end() ? 0.0 : static_cast<double>(it->second),
+           std::string("finished_reason=\"") + reason + "\"");
+  }
+  Metric(&out, p + "num_aborted_requests", "counter",
+         "Requests aborted before finishing, by reason.");
+  for (const char* reason : {"client_disconnect", "cancel_endpoint", "shutdown"}) {
+    auto it = aborted_.find(reason);
+    Sample(&out, p + "num_aborted_requests_total",
+           it == aborted_.end() ? 0.0 : static_cast<double>(it->second),
+           std::string("reason=\"") + reason + "\"");
+  }
+  Metric(&out, p + "http_responses", "counter", "HTTP responses by status code.");
+  for (const auto& [status, n] : http_responses_)
+    Sample(&out, p + "http_responses_total", static_cast<double>(n),
+           "code=\"" + std::to_string(status) + "\"");
+  ttft_.Render(p + "time_to_first_token_seconds",
+               "Time to first token (request arrival to first token).", &out);
+  itl_.Render(p + "inter_token_latency_seconds", "Time between consecutive token events.", &out);
+  e2e_.Render(p + "e2e_request_latency_seconds", "Request arrival to last token.", &out);
+  queue_.Render(p + "request_queue_time_seconds", "Time spent waiting before first scheduled.",
+                &out);
+  prompt_tokens_.Render(p + "request_prompt_tokens", "Prompt tokens per request.", &out);
+  generation_tokens_.Render(p + "request_generation_tokens", "Generated tokens per request.", &out);
+  return out;
+}
+
+}  // namespace dsinfer::server

@@ -1,0 +1,53 @@
+// Prometheus metrics with vLLM's names and semantics, prefixed "dsinfer:". Engine gauges and
+// counters come from EngineStats at scrape time; latency histograms and request outcomes are
+// recorded by the server as requests finish. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace dsinfer::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void Observe(double value);
+  // Appends the _bucket/_sum/_count lines for `name`.
+  void Render(const std::string& name, const std::string& help, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;    // ascending upper bounds (+Inf implied)
+  std::vector<uint64_t> counts_;  // [bounds_.size() + 1], non-cumulative
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterTokenLatency(double seconds);
+  void ObserveEndToEnd(double seconds);
+  void ObserveQueueTime(double seconds);
+  void ObserveRequestTokens(int64_t prompt_tokens, int64_t generation_tokens);
+  // finished_reason: "stop", "length", "abort", "error" (vLLM's label values).
+  void CountFinished(const std::string& finished_reason);
+  // reason: "client_disconnect", "cancel_endpoint", "shutdown".
+  void CountAborted(const std::string& reason);
+  void CountHttp(int status);
+  std::string Render(const runtime::EngineStats& stats, int open_connections) const;
+
+ private:
+  mutable std::mutex mu_;
+  Histogram ttft_, itl_, e2e_, queue_, prompt_tokens_, generation_tokens_;
+  std::map<std::string, int64_t> finished_;
+  std::map<std::string, int64_t> aborted_;
+  std::map<int, int64_t> http_responses_;
+};
+
+}  // namespace dsinfer::server

@@ -1,0 +1,286 @@
+#include "server/service.h"
+
+#include <cstdio>
+
+#include "server/service_core.h"
+#include "text/chat_json.h"
+
+namespace dsinfer::server {
+namespace {
+
+// Compares without an early exit, so response timing does not reveal how much of a key matched.
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool Authorized(const Service::Core& core, const HttpRequest& request) {
+  if (core.options.api_keys.empty()) return true;
+  std::string_view presented;
+  if (const std::string* auth = request.Header("authorization")) {
+    std::string_view v = Trim(*auth);
+    if (v.size() > 7 && (v.substr(0, 7) == "Bearer " || v.substr(0, 7) == "bearer "))
+      presented = Trim(v.substr(7));
+  }
+  if (presented.empty())
+    if (const std::string* key = request.Header("x-api-key")) presented = Trim(*key);
+  bool ok = false;
+  for (const auto& key : core.options.api_keys) ok |= ConstantTimeEquals(presented, key);
+  return ok && !presented.empty();
+}
+
+ApiFlavor FlavorFor(const std::string& path) {
+  return path.rfind("/v1/messages", 0) == 0 ? ApiFlavor::kAnthropic : ApiFlavor::kOpenAI;
+}
+
+// Counts responses by status for /metrics without touching every handler.
+class CountingSink final : public ResponseSink {
+ public:
+  CountingSink(ResponseSink& inner, ServerMetrics& metrics) : inner_(inner), metrics_(metrics) {}
+  void Send(int status, std::string_view content_type, std::string_view body,
+            const HeaderList& headers) override {
+    metrics_.CountHttp(status);
+    inner_.Send(status, content_type, body, headers);
+  }
+  bool BeginStream(int status, std::string_view content_type, const HeaderList& headers) override {
+    metrics_.CountHttp(status);
+    return inner_.BeginStream(status, content_type, headers);
+  }
+  bool WriteChunk(std::string_view data) override { return inner_.WriteChunk(data); }
+  void EndStream() override { inner_.EndStream(); }
+  bool ClientGone() override { return inner_.ClientGone(); }
+
+ private:
+  ResponseSink& inner_;
+  ServerMetrics& metrics_;
+};
+
+void HandleModels(Service::Core& core, ResponseSink& sink) {
+  Json model = {{"id", core.options.served_model_name},
+                {"object", "model"},
+                {"created", core.model.created_unix},
+                {"owned_by", "dsinfer"},
+                {"type", "model"},
+                {"display_name", core.options.served_model_name},
+                {"created_at", "1970-01-01T00:00:00Z"},
+                {"max_model_len",
+                 core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)}};
+  Json body = {{"object", "list"},
+               {"data", Json::array({model})},
+               {"has_more", false},
+               {"first_id", core.options.served_model_name},
+               {"last_id", core.options.served_model_name}};
+  SendJson(sink, 200, body);
+}
+
+void HandleTokenize(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
+  auto body = ParseBody(request.body);
+  if (!body.ok()) return SendError(sink, FromStatus(body.status()), ApiFlavor::kOpenAI);
+  std::vector<int32_t> ids;
+  if (body->contains("messages")) {
+    auto chat =
+        text::ChatRequestFromJson(Dump(*body), core.model.version, core.options.default_thinking);
+    if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), ApiFlavor::kOpenAI);
+    auto encoded = core.EncodeChat(*chat);
+    if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), ApiFlavor::kOpenAI);
+    ids = std::move(encoded->ids);
+  } else {
+    auto prompt = OptString(*body, "prompt");
+    if (!prompt.ok()) return SendError(sink, FromStatus(prompt.status()), ApiFlavor::kOpenAI);
+    if (!*prompt)
+      return SendError(sink, BadRequest("prompt or messages is required", "prompt"),
+                       ApiFlavor::kOpenAI);
+    auto special = OptBool(*body, "add_special_tokens");
+    if (!special.ok()) return SendError(sink, FromStatus(special.status()), ApiFlavor::kOpenAI);
+    auto encoded = core.tokenizer->Encode(**prompt, special->value_or(true));
+    if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), ApiFlavor::kOpenAI);
+    ids = std::move(*encoded);
+  }
+  Json out = {{"tokens", ids},
+              {"count", ids.size()},
+              {"max_model_len",
+               core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)}};
+  SendJson(sink, 200, out);
+}
+
+void HandleDetokenize(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
+  auto body = ParseBody(request.body);
+  if (!body.ok()) return SendError(sink, FromStatus(body.status()), ApiFlavor::kOpenAI);
+  auto it = body->find("tokens");
+  if (it == body->end() || !it->is_array())
+    return SendError(sink, BadRequest("tokens: must be an array of token ids", "tokens"),
+                     ApiFlavor::kOpenAI);
+  std::vector<int32_t> ids;
+  for (const auto& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+      return SendError(sink, BadRequest("tokens: must be an array of token ids", "tokens"),
+                       ApiFlavor::kOpenAI);
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  auto decoded = core.tokenizer->Decode(ids);
+  if (!decoded.ok())
+    return SendError(sink, BadRequest(decoded.status().message(), "tokens"), ApiFlavor::kOpenAI);
+  SendJson(sink, 200, Json{{"prompt", *decoded}});
+}
+
+void HandleGetResponse(Service::Core& core, const std::string& id, bool cancel,
+                       ResponseSink& sink) {
+  if (cancel) core.CancelInFlight(id);
+  auto found = core.FindResponse(id);
+  if (!found) {
+    ApiError e;
+    e.status = 404;
+    e.message = "No response with id '" + id + "' (responses are kept in memory, the last " +
+                std::to_string(core.options.max_stored_responses) + ")";
+    return SendError(sink, e, ApiFlavor::kOpenAI);
+  }
+  if (cancel && (*found)["status"] == "in_progress") (*found)["status"] = "cancelled";
+  SendJson(sink, 200, *found);
+}
+
+struct Route {
+  const char* path;
+  const char* method;
+};
+
+}  // namespace
+
+Service::Service(ServiceOptions options) : core_(std::make_unique<Core>(std::move(options))) {}
+Service::~Service() = default;
+
+void Service::Attach(EnginePort* engine, const text::Tokenizer* tokenizer, ModelInfo info) {
+  core_->tokenizer = tokenizer;
+  core_->model = info;
+  core_->engine.store(engine);
+}
+
+void Service::SetHttpServer(const HttpServer* server) { core_->http.store(server); }
+void Service::BeginDrain() { core_->draining.store(true); }
+ServerMetrics& Service::metrics() { return core_->metrics; }
+
+void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
+  Core& core = *core_;
+  CountingSink counting(raw_sink, core.metrics);
+  ResponseSink& sink = counting;
+  const std::string& path = request.path;
+  const std::string& method = request.method;
+  const ApiFlavor flavor = FlavorFor(path);
+  EnginePort* engine = core.engine.load();
+
+  // Open endpoints: liveness, readiness, and the static chat page (it holds no data; the API
+  // calls it makes carry the key the user types in).
+  if (path == "/health") return sink.Send(200, "application/json", "{\"status\":\"ok\"}");
+  if (path == "/ready") {
+    bool ready = engine != nullptr && engine->ready() && !core.draining.load();
+    return sink.Send(ready ? 200 : 503, "application/json",
+                     ready ? "{\"status\":\"ready\"}" : "{\"status\":\"loading\"}",
+                     ready ? HeaderList{} : HeaderList{{"Retry-After", "1"}});
+  }
+  if (path == "/" || path == "/index.html") {
+    if (method != "GET" && method != "HEAD")
+      return SendError(sink, ApiError{405, "use GET", "", "", "", 0, false}, flavor);
+    return sink.Send(200, "text/html; charset=utf-8", ChatPageHtml(),
+                     {{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
+  }
+
+  static constexpr Route kRoutes[] = {
+      {"/v1/chat/completions", "POST"},
+      {"/v1/completions", "POST"},
+      {"/v1/responses", "POST"},
+      {"/v1/messages", "POST"},
+      {"/v1/messages/count_tokens", "POST"},
+      {"/v1/models", "GET"},
+      {"/tokenize", "POST"},
+      {"/detokenize", "POST"},
+      {"/metrics", "GET"},
+  };
+  const Route* route = nullptr;
+  for (const auto& r : kRoutes)
+    if (path == r.path) route = &r;
+  bool response_item = path.rfind("/v1/responses/", 0) == 0 && path.size() > 14;
+  if (!route && !response_item) {
+    ApiError e;
+    e.status = 404;
+    e.message = "Unknown endpoint " + method + " " + path;
+    return SendError(sink, e, flavor);
+  }
+  if (!Authorized(core, request)) {
+    ApiError e;
+    e.status = 401;
+    e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
+    e.code = "invalid_api_key";
+    return SendError(sink, e, flavor);
+  }
+  if (route && method != route->method) {
+    ApiError e;
+    e.status = 405;
+    e.message = std::string("Method ") + method + " not allowed; use " + route->method;
+    HeaderList headers = {{"Allow", route->method}};
+    return sink.Send(405, "application/json", Dump(ErrorBody(e, flavor)), headers);
+  }
+  if (route && std::string_view(route->path) == "/metrics") {
+    runtime::EngineStats stats = engine ? engine->Stats() : runtime::EngineStats{};
+    const HttpServer* http = core.http.load();
+    return sink.Send(200, "text/plain; version=0.0.4; charset=utf-8",
+                     core.metrics.Render(stats, http ? http->open_connections() : 0));
+  }
+  if (engine == nullptr || core.tokenizer == nullptr) {
+    ApiError e;
+    e.status = 503;
+    e.message = "The model is still loading; retry shortly";
+    e.retry_after_s = 2;
+    return SendError(sink, e, flavor);
+  }
+  if (core.draining.load()) {
+    ApiError e;
+    e.status = 503;
+    e.message = "The server is shutting down";
+    e.retry_after_s = 5;
+    return SendError(sink, e, flavor);
+  }
+  if (response_item) {
+    std::string rest = path.substr(14);
+    bool cancel = false;
+    if (rest.size() > 7 && rest.substr(rest.size() - 7) == "/cancel") {
+      cancel = true;
+      rest.resize(rest.size() - 7);
+    }
+    if (rest.find('/') != std::string::npos) {
+      ApiError e;
+      e.status = 404;
+      e.message = "Unknown endpoint " + method + " " + path;
+      return SendError(sink, e, flavor);
+    }
+    const char* want = cancel ? "POST" : "GET";
+    if (method != want) {
+      ApiError e;
+      e.status = 405;
+      e.message = std::string("Method ") + method + " not allowed; use " + want;
+      return sink.Send(405, "application/json", Dump(ErrorBody(e, flavor)), {{"Allow", want}});
+    }
+    return HandleGetResponse(core, rest, cancel, sink);
+  }
+  std::string_view p = route->path;
+  if (p == "/v1/models") return HandleModels(core, sink);
+  if (p == "/tokenize") return HandleTokenize(core, request, sink);
+  if (p == "/detokenize") return HandleDetokenize(core, request, sink);
+  if (p == "/v1/chat/completions") return HandleChatCompletions(core, request, sink);
+  if (p == "/v1/completions") return HandleCompletions(core, request, sink);
+  if (p == "/v1/responses") return HandleResponses(core, request, sink);
+  if (p == "/v1/messages") return HandleMessages(core, request, sink);
+  if (p == "/v1/messages/count_tokens") return HandleCountTokens(core, request, sink);
+}
+
+}  // namespace dsinfer::server

@@ -1,0 +1,56 @@
+// The HTTP API of `dsinfer serve`: OpenAI Chat Completions / Completions / Responses, Anthropic
+// Messages, models, tokenize/detokenize, health/readiness, Prometheus metrics and the chat page.
+// Wire formats follow serving-protocols.md §3; request conversion §2.5; DeepSeek fields §2.6.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/engine_port.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "text/chat_types.h"
+#include "text/tokenizer.h"
+
+namespace dsinfer::server {
+
+struct ServiceOptions {
+  std::string served_model_name = "deepseek-v4-flash";
+  std::vector<std::string> api_keys;  // empty: no authentication
+  int max_tokens_limit = 32768;       // largest accepted max_tokens
+  int default_max_tokens = 2048;      // when the request gives none
+  bool default_thinking = true;       // DeepSeek's API default
+  int max_stored_responses = 1024;    // for GET /v1/responses/{id}
+};
+
+// What the service needs to know about the loaded model.
+struct ModelInfo {
+  text::ModelVersion version = text::ModelVersion::kV4;
+  int64_t max_model_len = 0;  // prompt + output tokens; 0: unlimited
+  int64_t created_unix = 0;
+};
+
+class Service {
+ public:
+  explicit Service(ServiceOptions options);
+  ~Service();
+  // Until Attach, every endpoint except /health, /ready and /metrics answers 503 (loading).
+  // The engine and tokenizer must outlive the service.
+  void Attach(EnginePort* engine, const text::Tokenizer* tokenizer, ModelInfo info);
+  // Used for the connection gauge in /metrics (optional).
+  void SetHttpServer(const HttpServer* server);
+  // Requests that arrive from now on are refused with 503 (shutdown has begun).
+  void BeginDrain();
+
+  void Handle(const HttpRequest& request, ResponseSink& sink);
+  ServerMetrics& metrics();
+
+  struct Core;  // shared by the per-protocol handler files
+
+ private:
+  std::unique_ptr<Core> core_;
+};
+
+}  // namespace dsinfer::server

@@ -1,0 +1,128 @@
+// Internals shared by the protocol handlers (service.cc, openai_*.cc, anthropic_messages.cc):
+// JSON helpers, error shapes, sampling-parameter parsing, prompt encoding, response storage.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "server/generation.h"
+#include "server/service.h"
+#include "text/chat_render.h"
+
+namespace dsinfer::server {
+
+using Json = nlohmann::ordered_json;
+
+enum class ApiFlavor { kOpenAI, kAnthropic };
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type;   // empty: derived from the status and flavor
+  std::string code;   // OpenAI "code" (empty: null)
+  std::string param;  // OpenAI "param" (empty: null)
+  int retry_after_s = 0;
+  bool should_retry_false = false;  // x-should-retry: false for deterministic failures
+};
+
+ApiError BadRequest(std::string message, std::string param = "");
+// Maps an engine / renderer Status to the status code the API contract names (§3.5).
+ApiError FromStatus(const Status& status);
+Json ErrorBody(const ApiError& error, ApiFlavor flavor);
+void SendError(ResponseSink& sink, const ApiError& error, ApiFlavor flavor);
+void SendJson(ResponseSink& sink, int status, const Json& body, const HeaderList& headers = {});
+// dump() that never throws: ill-formed UTF-8 is replaced with U+FFFD.
+std::string Dump(const Json& j);
+std::string SseData(const Json& j);
+std::string SseEvent(const std::string& event, const Json& j);
+HeaderList SseHeaders(const std::string& request_id);
+
+// Parses a request body as a JSON object, with a nesting-depth limit checked before parsing.
+Result<Json> ParseBody(const std::string& body);
+
+// Random hex id with a prefix: "chatcmpl-3f9a...".
+std::string NewId(const std::string& prefix);
+int64_t UnixNow();
+
+// Typed optional fields: absent or null -> nullopt; wrong type -> InvalidArgument naming it.
+Result<std::optional<double>> OptNumber(const Json& body, const char* key);
+Result<std::optional<int64_t>> OptInt(const Json& body, const char* key);
+Result<std::optional<bool>> OptBool(const Json& body, const char* key);
+Result<std::optional<std::string>> OptString(const Json& body, const char* key);
+// "stop": a string or an array of at most 16 strings.
+Result<std::vector<std::string>> StopSequences(const Json& body, const char* key);
+
+// Common sampling fields shared by the OpenAI and Anthropic requests (temperature, top_p,
+// top_k, min_p, seed, penalties, logit_bias, ...) into engine parameters.
+Status ParseSampling(const Json& body, runtime::RequestParams* params);
+
+// Token-level string for logprobs: lossy UTF-8 of the token's bytes, plus the raw bytes.
+std::string TokenText(const text::Tokenizer& tokenizer, int32_t id);
+Json TokenBytes(const text::Tokenizer& tokenizer, int32_t id);
+
+struct EncodedPrompt {
+  std::vector<int32_t> ids;
+  bool thinking = false;
+  bool has_tools = false;
+  bool forced_tool_call = false;  // tool_choice required: the prompt opened the DSML block
+  bool json_output = false;       // response_format json_object
+};
+
+struct Service::Core {
+  explicit Core(ServiceOptions o) : options(std::move(o)) {}
+
+  ServiceOptions options;
+  ServerMetrics metrics;
+  std::atomic<EnginePort*> engine{nullptr};
+  const text::Tokenizer* tokenizer = nullptr;
+  ModelInfo model;
+  std::atomic<const HttpServer*> http{nullptr};
+  std::atomic<bool> draining{false};
+
+  // Renders and encodes a chat request; enforces the prompt-length limit.
+  Result<EncodedPrompt> EncodeChat(const text::ChatRequest& request) const;
+  // Resolves max_tokens against the limits and the context left after the prompt.
+  Result<int> ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens) const;
+  // True when `model` names the served model (or is absent). Anthropic clients send claude-*.
+  bool KnownModel(const std::optional<std::string>& model, ApiFlavor flavor) const;
+  ApiError UnknownModel(const std::string& model) const;
+
+  // Responses API storage: finished responses by id, and in-flight requests to cancel.
+  void StoreResponse(const std::string& id, Json response);
+  std::optional<Json> FindResponse(const std::string& id) const;
+  void TrackInFlight(const std::string& id, std::shared_ptr<runtime::RequestStream> stream,
+                     Json snapshot);
+  void UntrackInFlight(const std::string& id);
+  bool CancelInFlight(const std::string& id);
+
+  mutable std::mutex store_mu;
+  std::map<std::string, Json> stored;
+  std::deque<std::string> stored_order;
+  struct InFlight {
+    std::shared_ptr<runtime::RequestStream> stream;
+    Json snapshot;
+  };
+  std::map<std::string, InFlight> in_flight;
+};
+
+// Protocol handlers (request already authenticated, engine attached, body size checked).
+void HandleChatCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink);
+void HandleCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink);
+void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSink& sink);
+void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSink& sink);
+void HandleCountTokens(Service::Core& core, const HttpRequest& request, ResponseSink& sink);
+// Anthropic Messages request -> OpenAI-chat-shaped JSON the text layer converts (shared with
+// count_tokens).
+Result<Json> MessagesToChatJson(const Json& body, bool default_thinking);
+
+// The chat page served at "/".
+std::string_view ChatPageHtml();
+
+}  // namespace dsinfer::server

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# End-to-end server tests: the official openai / anthropic SDKs (pinned in requirements.txt)
+# against `dsinfer serve` on a demo model, then a graceful-shutdown check (SIGTERM -> exit 0).
+# Usage: tests/server/run.sh [BUILD_DIR] [pytest args...]   (BUILD_DIR defaults to ./build)
+# Everything listens on 127.0.0.1 only.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build="${1:-$root/build}"
+[[ $# -gt 0 ]] && shift
+build="$(cd "$build" && pwd)"
+dsinfer="$build/apps/dsinfer"
+[[ -x "$dsinfer" ]] || { echo "run.sh: $dsinfer not built" >&2; exit 1; }
+
+venv="$build/server-venv"
+if [[ ! -x "$venv/bin/pytest" ]] || ! cmp -s "$here/requirements.txt" "$venv/.requirements"; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r "$here/requirements.txt"
+  cp "$here/requirements.txt" "$venv/.requirements"
+fi
+
+model="$build/server-test-model"
+if [[ ! -f "$model/config.json" ]]; then
+  "$dsinfer" create-demo-model "$model" --preset demo --seed 1
+fi
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+key="sk-test-$RANDOM$RANDOM"
+log="$build/server-test.log"
+"$dsinfer" serve --model "$model" --host 127.0.0.1 --port "$port" --api-key "$key" \
+  --served-model-name dsinfer-test --max-model-len 4096 --max-tokens-limit 1024 --threads 2 \
+  --max-connections 64 --shutdown-timeout 5 >"$log" 2>&1 &
+pid=$!
+cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
+trap cleanup EXIT
+
+for _ in $(seq 1 600); do
+  if curl -sf "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then break; fi
+  kill -0 "$pid" 2>/dev/null || { echo "server died:"; cat "$log"; exit 1; }
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { echo "server never became ready"; cat "$log"; exit 1; }
+
+status=0
+DSINFER_URL="http://127.0.0.1:$port" DSINFER_KEY="$key" DSINFER_MODEL=dsinfer-test \
+  "$venv/bin/pytest" -q -p no:cacheprovider "$here" "$@" || status=$?
+
+# Graceful shutdown: SIGTERM while a request streams; the process must exit 0 by the deadline.
+kill -TERM "$pid"
+for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then echo "server did not stop after SIGTERM"; status=1; else
+  rc=0; wait "$pid" || rc=$?
+  [[ $rc -eq 0 ]] || { echo "server exited $rc after SIGTERM"; status=1; }
+fi
+trap - EXIT
+grep -q "$key" "$log" && { echo "the API key appeared in the log"; status=1; }
+exit $status
