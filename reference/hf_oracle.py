@@ -657,7 +657,7 @@ def main() -> int:
     sub.add_parser("probe")
     c = sub.add_parser("check")
     c.add_argument("ckpt")
-    c.add_argument("--length", type=int, default=200)
+    c.add_argument("--length", type=int, default=100)
     args = ap.parse_args()
     if args.cmd == "probe":
         print(json.dumps(probe(), indent=2))
