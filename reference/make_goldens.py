@@ -18,6 +18,7 @@ Usage: make_goldens.py --dsinfer build/apps/dsinfer --out tests/fixtures/golden 
 """
 
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -86,16 +87,13 @@ def git_head(repo: str) -> str:
 
 def generate_agrees(model, ids: list[int], want: list[int]) -> bool:
     """Cross-check of our greedy loop against transformers' generate(do_sample=False)."""
-    gen_cfg = model.generation_config
-    gen_cfg.eos_token_id = None
+    gen_cfg = copy.deepcopy(model.generation_config)
+    gen_cfg.eos_token_id = None  # our loop treats eos like any token
     gen_cfg.pad_token_id = 0
-    out = model.generate(
-        torch.tensor([ids]),
-        max_new_tokens=GREEDY_STEPS,
-        do_sample=False,
-        use_cache=True,
-        generation_config=gen_cfg,
-    )
+    gen_cfg.max_new_tokens = GREEDY_STEPS
+    gen_cfg.do_sample = False
+    gen_cfg.use_cache = True
+    out = model.generate(torch.tensor([ids]), generation_config=gen_cfg)
     return out[0, len(ids) :].tolist() == want
 
 
