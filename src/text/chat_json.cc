@@ -24,7 +24,7 @@ Result<std::string> StringField(const json& obj, const char* key, const std::str
   return it->get<std::string>();
 }
 
-// String content, null, or an array of text parts (concatenated).
+// String content, null, or an array of text parts (joined by "\n\n").
 Result<std::string> ContentField(const json& msg, const std::string& path) {
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) return std::string();
@@ -39,6 +39,7 @@ Result<std::string> ContentField(const json& msg, const std::string& path) {
     if (type != "text")
       return FieldError(part_path, "unsupported content part type '" + type + "'");
     DSINFER_ASSIGN_OR_RETURN(std::string part_text, StringField(part, "text", part_path, true));
+    if (i) text += "\n\n";  // as deepseek-recipe joins text parts
     text += part_text;
   }
   return text;

@@ -164,6 +164,20 @@ TEST(ChatJson, RejectsBadInputWithClearErrors) {
   EXPECT_NE(err(R"({"messages":[], "thinking":{"type":"maybe"}})").find("thinking.type"),
             std::string::npos);
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]})"), "ok");
+  EXPECT_NE(err(R"({"messages":[{"role":"developer","content":"x"}]})").find("unknown role"),
+            std::string::npos);
+  EXPECT_NE(
+      err(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c"}]}]})").find("function"),
+      std::string::npos);
+  EXPECT_NE(
+      err(R"({"messages":[], "tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]})")
+          .find("parameters"),
+      std::string::npos);
+  Result<ChatRequest> parts = ChatRequestFromJson(
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})",
+      ModelVersion::kV4);
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(parts->messages[0].content, "a\n\nb");
 }
 
 TEST(ChatJson, ThinkingResolution) {
