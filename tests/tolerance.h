@@ -7,18 +7,19 @@ namespace dsinfer::tolerance {
 
 // Golden logits, engine (fp32-reference numerics) vs transformers fp32 on the same checkpoint.
 // Both sides compute in fp32 with exactly dequantized weights; they differ only by summation
-// order and libm (exp, pow, cos/sin). Error analysis: per-op relative error ~ n*eps32 with n <= 2048
-// terms -> ~1e-4 worst case per op, ~1e-6 typical; through ~10 sub-layers the NMSE stays <= 1e-8
-// (measured: see docs/NUMERICS.md). Budget = 1e-6 NMSE per position (100x the measured drift) so a
-// single wrong op (NMSE >= 1e-3 for any real bug seen so far) cannot hide.
-inline constexpr double kGoldenLogitsNmse = 1e-6;
-// Worst element |a - b| / (max |b| over the row): measured <= 1e-4; budget 1e-3.
-inline constexpr double kGoldenLogitsMaxRel = 1e-3;
+// order and libm (exp, pow, cos/sin): the reference-vs-reference noise floor. Measured on the
+// committed tiny-a/b/c fixtures (24 prompts, 1..640 tokens): worst NMSE 3.7e-12, worst max-rel
+// 2.2e-6 (docs/NUMERICS.md). Budgets are ~5x those floors. For scale: the official numerics
+// (bf16/FP8) differ from fp32 by NMSE ~1e-5, and any real bug seen so far by >= 1e-3.
+inline constexpr double kGoldenLogitsNmse = 2e-11;
+// Worst element |a - b| / (max |b| over the row).
+inline constexpr double kGoldenLogitsMaxRel = 1e-5;
 // Greedy continuation: a step whose reference top-1/top-2 margin is below this is a near-tie:
 // either token is accepted there and the comparison of that prompt stops (tolerance policy 2).
 // 1e-3 logits = 10x the worst measured logit error.
 inline constexpr double kGreedyTieMargin = 1e-3;
-// MTP logits vs the oracle assembled from transformers modules: same numerics as above.
-inline constexpr double kMtpLogitsNmse = 1e-6;
+// MTP logits vs the oracle assembled from transformers modules: same numerics and floor as above
+// (measured: see docs/NUMERICS.md).
+inline constexpr double kMtpLogitsNmse = 2e-11;
 
 }  // namespace dsinfer::tolerance

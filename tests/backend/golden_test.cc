@@ -80,7 +80,33 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
     ASSERT_EQ(want.size(), positions.size() * V);
     auto state = (*m)->NewSequence();
     ForwardOutput out;
-    ASSERT_TRUE((*m)->Forward(*state, ids, {.all_logits = true}, &out).ok());
+    ASSERT_TRUE((*m)->Forward(*state, ids, {.all_logits = true, .want_hidden = true}, &out).ok());
+    // MTP: the block runs over the main model's final streams H[0..L-2] with tokens ids[1..L-1].
+    auto mtp_positions = Read<int32_t>(**golden, p + "mtp_positions");
+    if (!mtp_positions.empty()) {
+      auto mtp_want = Read<float>(**golden, p + "mtp_logits");
+      ASSERT_EQ(mtp_want.size(), mtp_positions.size() * V);
+      const int64_t HD = int64_t{weights.config().hc_mult} * weights.config().hidden;
+      std::vector<int32_t> next(ids.begin() + 1, ids.end());
+      std::vector<float> mtp;
+      auto mtp_state = (*m)->NewSequence();
+      ASSERT_TRUE((*m)->ForwardMtp(*mtp_state, std::span<const float>(out.hidden.data(), next.size() * HD), next,
+                                   &mtp).ok());
+      double worst = 0;
+      for (size_t i = 0; i < mtp_positions.size(); ++i) {
+        const float* a = mtp.data() + static_cast<int64_t>(mtp_positions[i]) * V;
+        const float* b = mtp_want.data() + i * V;
+        double num = 0, den = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          double d = static_cast<double>(a[v]) - b[v];
+          num += d * d, den += static_cast<double>(b[v]) * b[v];
+        }
+        worst = std::max(worst, num / std::max(den, 1e-30));
+      }
+      std::printf("[%s prompt %d] MTP logits NMSE %.3g (%.2f%% of budget)\n", preset.c_str(), k, worst,
+                  100 * worst / tolerance::kMtpLogitsNmse);
+      EXPECT_LE(worst, tolerance::kMtpLogitsNmse) << preset << " prompt " << k << " MTP";
+    }
     double worst_nmse = 0, worst_rel = 0;
     for (size_t i = 0; i < positions.size(); ++i) {
       const float* a = out.logits.data() + static_cast<int64_t>(positions[i]) * V;
