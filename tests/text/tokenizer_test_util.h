@@ -1,6 +1,8 @@
 // Shared helpers for the tokenizer tests: loading the committed DeepSeek tokenizers and fixtures.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
