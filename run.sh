@@ -6,7 +6,7 @@ root="$(cd "$(dirname "$0")" && pwd)"
 "$root/scripts/build.sh" "$root/build"
 model="$root/demo-model"
 if [[ ! -f "$model/config.json" ]]; then
-  "$root/build/apps/dsinfer" create-demo-model "$model" --preset demo --seed 1
+  "$root/build/apps/dsinfer" create-demo-model "$model" --preset demo --seed 1 \
+    --tokenizer "$root/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json"
 fi
-exec "$root/build/apps/dsinfer" generate --model "$model" --prompt-ids 0,128803,1000,2000,3000,128804 \
-  --max-tokens 16 "$@"
+exec "$root/build/apps/dsinfer" serve --model "$model" "$@"

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "args.h"
@@ -39,9 +40,10 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }  // namespace
 
 int RunCreateDemoModel(int argc, char** argv) {
-  const char* usage = "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N]";
+  const char* usage =
+      "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N] [--tokenizer FILE]";
   Args args;
-  if (!args.Parse(argc, argv, {"preset", "seed", "threads"}, {}) || args.positional().size() != 1)
+  if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer"}, {}) || args.positional().size() != 1)
     return Usage(usage, args.error());
   long long seed = 1, threads = 0;
   if (!args.GetInt("seed", &seed) || !args.GetInt("threads", &threads)) return Usage(usage, args.error());
@@ -53,6 +55,13 @@ int RunCreateDemoModel(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   Status st = model::WriteDemoModel(*config, args.positional()[0], options, pool);
   if (!st.ok()) return Fail(st);
+  if (auto tok = args.Get("tokenizer")) {
+    // The model directory carries its tokenizer, as published checkpoints do.
+    std::error_code ec;
+    std::filesystem::copy_file(*tok, args.positional()[0] + "/tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return Fail(IoError("cannot copy tokenizer " + *tok + ": " + ec.message()));
+  }
   std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", args.positional()[0].c_str(), config->Summary().c_str(),
                Seconds(t0, std::chrono::steady_clock::now()));
   return 0;

@@ -1,0 +1,134 @@
+// Checkpoint binding: zero-copy loading, and every malformed-checkpoint class is a clear error
+// naming the tensor and the file (never a crash).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "model/demo_model.h"
+#include "model/weights.h"
+
+namespace dsinfer::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("dsinfer_weights_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p.string();
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * ::sysconf(_SC_PAGE_SIZE);
+}
+
+const std::string& TinyDir() {
+  static const std::string dir = [] {
+    std::string d = TempDir("tiny-a");
+    ThreadPool pool(2);
+    Status st = WriteDemoModel(*PresetConfig("tiny-a"), d, {}, pool);
+    DSINFER_CHECK_MSG(st.ok(), st.ToString());
+    return d;
+  }();
+  return dir;
+}
+
+// Copies the tiny checkpoint into a single model.safetensors, letting `edit` change or drop
+// tensors (return false to drop).
+using Edit = std::function<bool(io::OwnedTensor&)>;
+std::string EditedCopy(const std::string& name, const Edit& edit) {
+  auto src = io::Checkpoint::Open(TinyDir());
+  DSINFER_CHECK(src.ok());
+  std::vector<io::OwnedTensor> tensors;
+  for (const auto& tname : (*src)->TensorNames()) {
+    io::TensorRef ref = (*src)->Find(tname);
+    io::OwnedTensor t{tname, ref.info->dtype, ref.info->shape, {ref.bytes.begin(), ref.bytes.end()}};
+    if (edit(t)) tensors.push_back(std::move(t));
+  }
+  std::string dir = TempDir(name);
+  fs::create_directories(dir);
+  fs::copy_file(TinyDir() + "/config.json", dir + "/config.json");
+  Status st = io::WriteSafetensors(dir + "/model.safetensors", tensors);
+  DSINFER_CHECK_MSG(st.ok(), st.ToString());
+  return dir;
+}
+
+void ExpectLoadError(const std::string& dir, const std::string& tensor, const std::string& what) {
+  auto w = ModelWeights::Load(dir);
+  ASSERT_FALSE(w.ok()) << "loaded a bad checkpoint: " << dir;
+  const std::string& msg = w.status().message();
+  EXPECT_NE(msg.find(tensor), std::string::npos) << msg;
+  EXPECT_NE(msg.find(what), std::string::npos) << msg;
+}
+
+TEST(ModelWeights, LoadsTinyCheckpointAndSingleFileCopy) {
+  auto sharded = ModelWeights::Load(TinyDir());
+  ASSERT_TRUE(sharded.ok()) << sharded.status().ToString();
+  auto single = ModelWeights::Load(EditedCopy("single", [](io::OwnedTensor&) { return true; }));
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  EXPECT_EQ((*single)->layers.size(), 5u);  // 4 backbone + MTP
+}
+
+TEST(ModelWeights, MalformedCheckpointsAreClearErrors) {
+  ExpectLoadError(EditedCopy("missing", [](io::OwnedTensor& t) { return t.name != "layers.2.attn.wkv.weight"; }),
+                  "layers.2.attn.wkv.weight", "missing");
+  ExpectLoadError(EditedCopy("dtype", [](io::OwnedTensor& t) {
+                    if (t.name == "layers.1.attn.kv_norm.weight") t.dtype = DType::kF16;
+                    return true;
+                  }),
+                  "layers.1.attn.kv_norm.weight", "dtype");
+  ExpectLoadError(EditedCopy("shape", [](io::OwnedTensor& t) {
+                    if (t.name == "layers.0.attn.attn_sink") t.shape = {2, 2};
+                    return true;
+                  }),
+                  "layers.0.attn.attn_sink", "shape");
+  ExpectLoadError(EditedCopy("nan_scale", [](io::OwnedTensor& t) {
+                    if (t.name == "layers.3.ffn.experts.1.w2.scale") t.bytes[5] = 0xff;
+                    return true;
+                  }),
+                  "layers.3.ffn.experts.1.w2.scale", "NaN");
+  ExpectLoadError(EditedCopy("tid2eid", [](io::OwnedTensor& t) {
+                    if (t.name == "layers.0.ffn.gate.tid2eid") t.bytes[8] = 0x7f;  // expert id far out of range
+                    return true;
+                  }),
+                  "layers.0.ffn.gate.tid2eid", "expert id");
+  // A config that disagrees with the tensors: one more layer than the checkpoint has.
+  std::string dir = EditedCopy("config", [](io::OwnedTensor&) { return true; });
+  auto c = PresetConfig("tiny-a");
+  c->n_layers = 5;
+  c->compress_ratios = {0, 4, 128, 4, 0, 0};
+  std::ofstream(dir + "/config.json") << c->ToJson().dump();
+  ExpectLoadError(dir, "layers.4.", "missing");
+  // Garbage config.json.
+  std::ofstream(dir + "/config.json") << "{\"hidden_size\": ";
+  EXPECT_FALSE(ModelWeights::Load(dir).ok());
+}
+
+// Loading must not copy weights: after Load the resident set grows by far less than the
+// checkpoint (only the small tensors that validation reads are touched).
+TEST(ModelWeights, LoadIsZeroCopy) {
+  std::string dir = TempDir("demo");
+  ThreadPool pool(2);
+  ASSERT_TRUE(WriteDemoModel(*PresetConfig("demo"), dir, {}, pool).ok());
+  int64_t before = ResidentBytes();
+  auto w = ModelWeights::Load(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  int64_t after = ResidentBytes();
+  uint64_t size = (*w)->checkpoint().TotalBytes();
+  double grown = static_cast<double>(after - before);
+  std::printf("checkpoint %.1f MB; resident set grew by %.1f MB after Load (%.1f%%)\n", size / 1e6, grown / 1e6,
+              100.0 * grown / size);
+  EXPECT_LT(grown, 0.1 * size);
+}
+
+}  // namespace
+}  // namespace dsinfer::model
