@@ -154,7 +154,17 @@ $("form").addEventListener("submit", (ev) => {
   send(text);
 });
 $("stop").addEventListener("click", () => controller && controller.abort());
-loadModel();
+// "/?q=question&max=N#key=KEY" asks at once (links, headless tests). The key rides in the
+// fragment, which browsers never send to the server, so it stays out of access logs.
+(async () => {
+  const hashKey = new URLSearchParams(location.hash.slice(1)).get("key");
+  if (hashKey) $("key").value = hashKey;
+  const params = new URLSearchParams(location.search);
+  if (params.get("max")) $("max").value = params.get("max");
+  if (params.get("thinking") === "0") $("thinking").checked = false;
+  await loadModel();
+  if (params.get("q")) send(params.get("q"));
+})();
 </script>
 </body>
 </html>

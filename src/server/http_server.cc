@@ -236,6 +236,24 @@ void SendEarlyError(int fd, int status, std::string_view message,
   WriteAll(fd, out, timeout);
 }
 
+// After an early error the client may still be sending its body; closing with unread data
+// would reset the connection and destroy our response. Read and discard for a short while first.
+void LingeringClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  auto deadline = Clock::now() + std::chrono::seconds(2);
+  char sink[16384];
+  size_t drained = 0;
+  while (drained < (64u << 20)) {
+    int wait_ms = MillisUntil(deadline);
+    if (wait_ms <= 0) return;
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, wait_ms) <= 0) return;
+    ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+    if (n <= 0) return;
+    drained += static_cast<size_t>(n);
+  }
+}
+
 std::string Lower(std::string_view s) {
   std::string out(s);
   for (char& c : out)
@@ -385,6 +403,7 @@ void HttpServer::ServeConnection(int fd) {
         SendEarlyError(fd, 431, "request headers too large", options_.write_timeout);
       } else if (ec == http::error::body_limit) {
         SendEarlyError(fd, 413, "request body too large", options_.write_timeout);
+        LingeringClose(fd);
       } else if (ec == boost::asio::error::timed_out) {
         SendEarlyError(fd, 408, "request timed out", options_.write_timeout);
       } else if (ec != boost::asio::error::eof && ec != http::error::end_of_stream &&

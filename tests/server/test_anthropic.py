@@ -6,7 +6,7 @@ MSG = [{"role": "user", "content": "Say hello."}]
 
 
 def test_messages_non_streaming(claude):
-    m = claude.messages.create(model="claude-sonnet-4-5", max_tokens=8, messages=MSG)
+    m = claude.messages.create(model="claude-dsinfer-test", max_tokens=8, messages=MSG)
     assert m.type == "message" and m.role == "assistant"
     assert m.stop_reason in ("end_turn", "max_tokens")
     assert m.usage.output_tokens > 0
@@ -21,7 +21,7 @@ def test_messages_thinking_disabled_and_system(claude, model):
 
 
 def test_messages_streaming(claude):
-    with claude.messages.stream(model="claude-haiku-4-5", max_tokens=6, messages=MSG,
+    with claude.messages.stream(model="claude-dsinfer-fast", max_tokens=6, messages=MSG,
                                 thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
@@ -51,11 +51,11 @@ def test_messages_tool_history_and_count_tokens(claude, model):
 def test_messages_errors(url, claude):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
-            model="claude-sonnet-4-5", max_tokens=4, messages=MSG)
+            model="claude-dsinfer-test", max_tokens=4, messages=MSG)
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="gpt-4o", max_tokens=4, messages=MSG)
     with pytest.raises(anthropic.BadRequestError) as e:
-        claude.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=[{"role": "robot", "content": "x"}])
+        claude.messages.create(model="claude-dsinfer-test", max_tokens=4, messages=[{"role": "robot", "content": "x"}])
     assert e.value.body["type"] == "error"
     with pytest.raises(anthropic.BadRequestError):
-        claude.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=MSG, stop_sequences=[""])
+        claude.messages.create(model="claude-dsinfer-test", max_tokens=4, messages=MSG, stop_sequences=[""])

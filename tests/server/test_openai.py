@@ -1,5 +1,5 @@
 """OpenAI SDK (openai==3.51.0) against dsinfer serve: chat, completions, responses, errors."""
-import httpx
+from conftest import http
 import openai
 import pytest
 
@@ -170,20 +170,19 @@ def test_json_object_with_json_word_accepted(oai, model):
 
 
 def test_tokenize_detokenize(url, key):
-    h = {"Authorization": "Bearer " + key}
-    t = httpx.post(url + "/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}, headers=h).json()
+    t = http("POST", "/tokenize", {"prompt": "Hello world", "add_special_tokens": False}, key).json()
     assert t["count"] == len(t["tokens"]) > 0
-    d = httpx.post(url + "/detokenize", json={"tokens": t["tokens"]}, headers=h).json()
+    d = http("POST", "/detokenize", {"tokens": t["tokens"]}, key).json()
     assert d["prompt"] == "Hello world"
-    chat = httpx.post(url + "/tokenize", json={"messages": USER}, headers=h).json()
+    chat = http("POST", "/tokenize", {"messages": USER}, key).json()
     assert chat["count"] > t["count"]
 
 
 def test_health_ready_metrics(url, key):
-    assert httpx.get(url + "/health").status_code == 200
-    assert httpx.get(url + "/ready").status_code == 200
-    assert httpx.get(url + "/metrics").status_code == 401
-    m = httpx.get(url + "/metrics", headers={"Authorization": "Bearer " + key}).text
+    assert http("GET", "/health").status_code == 200
+    assert http("GET", "/ready").status_code == 200
+    assert http("GET", "/metrics").status_code == 401
+    m = http("GET", "/metrics", key=key).text
     for name in ("dsinfer:num_requests_running", "dsinfer:num_requests_waiting", "dsinfer:kv_cache_usage_perc",
                  "dsinfer:prefix_cache_queries_total", "dsinfer:prefix_cache_hits_total",
                  "dsinfer:prompt_tokens_total", "dsinfer:generation_tokens_total",
@@ -194,6 +193,6 @@ def test_health_ready_metrics(url, key):
 
 
 def test_chat_page_served(url):
-    r = httpx.get(url + "/")
+    r = http("GET", "/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "/v1/chat/completions" in r.text and "reasoning" in r.text
