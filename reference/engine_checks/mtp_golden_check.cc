@@ -21,8 +21,8 @@ std::vector<T> Rd(const io::SafetensorsFile& f, const std::string& name) {
 }
 TEST(MtpOracleCheck, All) {
   for (std::string preset : {"tiny-a", "tiny-b", "tiny-c"}) {
-    auto g = io::SafetensorsFile::Open(std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/golden/" + preset +
-                                       "/golden.safetensors");
+    auto g = io::SafetensorsFile::Open(std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/golden/" +
+                                       preset + "/golden.safetensors");
     ASSERT_TRUE(g.ok());
     const auto& w = dsinfer::testing::PresetWeights(preset, 1);
     ThreadPool pool(1);

@@ -32,12 +32,14 @@ TEST(QuantOracleCheck, All) {
   const char* dir = std::getenv("QDIR");
   ASSERT_NE(dir, nullptr);
   for (std::string preset : {"tiny-a", "tiny-b", "tiny-c"}) {
-    auto g = io::SafetensorsFile::Open(std::string(dir) + "/" + preset + "/golden_quant.safetensors");
+    auto g =
+        io::SafetensorsFile::Open(std::string(dir) + "/" + preset + "/golden_quant.safetensors");
     if (!g.ok()) continue;
     const auto& w = dsinfer::testing::PresetWeights(preset, 1);
     ThreadPool pool(1);
     Numerics nm{false, true, true, true};
-    if (const char* q = std::getenv("QNUM")) nm = Numerics{q[0] == '1', q[1] == '1', q[2] == '1', q[3] == '1'};
+    if (const char* q = std::getenv("QNUM"))
+      nm = Numerics{q[0] == '1', q[1] == '1', q[2] == '1', q[3] == '1'};
     auto m = CpuModel::Create(w, nm, pool);
     ASSERT_TRUE(m.ok());
     const int64_t V = w.config().vocab_size;
@@ -69,7 +71,8 @@ TEST(QuantOracleCheck, All) {
         auto st2 = (*m)->NewSequence();
         ASSERT_TRUE((*m)->ForwardMtp(*st2, hid, nxt, &ml).ok());
         mworst = 0;
-        for (size_t i = 0; i < mpos.size(); ++i) mworst = std::max(mworst, Nmse(&ml[mpos[i] * V], &mwant[i * V], V));
+        for (size_t i = 0; i < mpos.size(); ++i)
+          mworst = std::max(mworst, Nmse(&ml[mpos[i] * V], &mwant[i * V], V));
       }
       auto greedy = Rd<int32_t>(**g, p + "greedy");
       auto margin = Rd<float>(**g, p + "greedy_margin");
@@ -82,8 +85,10 @@ TEST(QuantOracleCheck, All) {
         ASSERT_TRUE((*m)->Forward(*st, one, {}, &out).ok());
         logits = out.logits;
       }
-      std::printf("[%s quant p%d L=%lld] logits NMSE %.3g, mtp NMSE %.3g, greedy %zu/48 (margin at stop %g)\n",
-                  preset.c_str(), k, (long long)L, worst, mworst, s, s < margin.size() ? margin[s] : -1.0f);
+      std::printf(
+          "[%s quant p%d L=%lld] logits NMSE %.3g, mtp NMSE %.3g, greedy %zu/48 (margin at stop "
+          "%g)\n",
+          preset.c_str(), k, (long long)L, worst, mworst, s, s < margin.size() ? margin[s] : -1.0f);
     }
   }
 }
