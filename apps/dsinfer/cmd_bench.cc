@@ -25,9 +25,9 @@ int64_t ViewBytes(const model::TensorView& t) {
 }
 int64_t HcBytes(const model::HcParams& h) { return ViewBytes(h.fn) + ViewBytes(h.base) + ViewBytes(h.scale); }
 
-// Bytes one decode token must read: every dense weight once, K routed experts per layer, the
-// head, one embedding row. (Compressed-KV and window reads are added separately.)
-int64_t DecodeWeightBytes(const model::ModelWeights& w) {
+// Bytes one decode step must read besides the routed experts and the KV state: every dense
+// weight once, the head, one embedding row per token (counted once).
+int64_t DenseWeightBytes(const model::ModelWeights& w) {
   const auto& c = w.config();
   int64_t total = w.head.Bytes() + int64_t{c.hidden} * 2 + ViewBytes(w.norm) + HcBytes(w.hc_head);
   for (int li = 0; li < c.n_layers; ++li) {
@@ -41,8 +41,6 @@ int64_t DecodeWeightBytes(const model::ModelWeights& w) {
                l.indexer.compressor.wgate.Bytes();
     total += l.gate.Bytes();
     if (l.shared.w1.valid()) total += l.shared.w1.Bytes() + l.shared.w2.Bytes() + l.shared.w3.Bytes();
-    const auto& e = l.experts[0];
-    total += int64_t{c.n_experts_per_tok} * (e.w1.Bytes() + e.w2.Bytes() + e.w3.Bytes());
   }
   return total;
 }
@@ -52,13 +50,13 @@ int64_t DecodeWeightBytes(const model::ModelWeights& w) {
 int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--prompt-len N] [--decode N] [--repeats N] [--threads N] [--csv FILE] "
-      "[--numerics official|fp32-reference]";
+      "[--batch 1,4,16,64] [--numerics official|fp32-reference]";
   if (argc < 2 || std::strcmp(argv[1], "model") != 0) {
     std::fprintf(stderr, "usage: %s\n", usage);
     return 2;
   }
   Args args;
-  if (!args.Parse(argc - 1, argv + 1, {"model", "prompt-len", "decode", "repeats", "threads", "csv", "numerics"}, {}) ||
+  if (!args.Parse(argc - 1, argv + 1, {"model", "prompt-len", "decode", "repeats", "threads", "csv", "numerics", "batch"}, {}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
@@ -91,38 +89,68 @@ int RunBench(int argc, char** argv) {
   std::vector<int32_t> prompt(prompt_len);
   for (auto& t : prompt) t = dist(rng);
 
-  std::vector<double> prefill_s, decode_s;
+  std::vector<int32_t> batches;
+  if (!ParseIdList(args.GetOr("batch", "1"), &batches)) {
+    std::fprintf(stderr, "dsinfer: --batch must be a list like 1,4,16\n");
+    return 2;
+  }
+  const int64_t dense = DenseWeightBytes(**weights);
+  std::FILE* csv = nullptr;
+  if (auto path = args.Get("csv")) {
+    csv = std::fopen(path->c_str(), "w");
+    if (!csv) return 1;
+    std::fprintf(csv, "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,ratio\n");
+  }
+
+  // Prefill: one sequence, whole prompt in one step (median of repeats).
+  std::vector<double> prefill_s;
+  std::unique_ptr<backend::cpu::SequenceState> prefilled;
   for (long long r = 0; r < repeats; ++r) {
     auto state = (*cpu)->NewSequence();
     backend::cpu::ForwardOutput out;
     auto t0 = std::chrono::steady_clock::now();
     if (!(*cpu)->Forward(*state, prompt, {}, &out).ok()) return 1;
-    auto t1 = std::chrono::steady_clock::now();
-    prefill_s.push_back(std::chrono::duration<double>(t1 - t0).count());
-    for (long long i = 0; i < decode; ++i) {
-      int32_t tok[1] = {dist(rng)};
-      auto d0 = std::chrono::steady_clock::now();
-      if (!(*cpu)->Forward(*state, tok, {}, &out).ok()) return 1;
-      decode_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - d0).count());
-    }
+    prefill_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    prefilled = std::move(state);
   }
   const double prefill_tps = prompt_len / Median(prefill_s);
-  const double decode_tps = 1.0 / Median(decode_s);
-  const int64_t bytes = DecodeWeightBytes(**weights);
-  const double roofline_tps = bw.read_gbps * 1e9 / bytes;
-  std::printf("prefill: %lld tokens, %.2f tok/s (median of %lld)\n", prompt_len, prefill_tps, repeats);
-  std::printf("decode:  %.3f tok/s at context %lld (median of %lld steps)\n", decode_tps, prompt_len,
-              decode * repeats);
-  std::printf("weight bytes read per decode token: %.1f MB; roofline %.2f tok/s at %.2f GB/s -> %.1f%% of roofline\n",
-              bytes / 1e6, roofline_tps, bw.read_gbps, 100.0 * decode_tps / roofline_tps);
-  if (auto csv = args.Get("csv")) {
-    std::FILE* f = std::fopen(csv->c_str(), "w");
-    if (!f) return 1;
-    std::fprintf(f, "prompt_len,threads,bandwidth_gbps,prefill_tok_s,decode_tok_s,decode_bytes,roofline_tok_s,ratio\n");
-    std::fprintf(f, "%lld,%d,%.3f,%.3f,%.4f,%lld,%.4f,%.4f\n", prompt_len, pool.size(), bw.read_gbps, prefill_tps,
-                 decode_tps, static_cast<long long>(bytes), roofline_tps, decode_tps / roofline_tps);
-    std::fclose(f);
+  std::printf("prefill: %lld tokens in one step: %.2f tok/s (median of %lld)\n", prompt_len, prefill_tps, repeats);
+  if (csv)
+    std::fprintf(csv, "prefill,1,%lld,%d,%.3f,%.4f,,,\n", prompt_len, pool.size(), bw.read_gbps, prefill_tps);
+
+  // Decode at batch B: B sequences at the same context (copies of the prefilled state), each fed
+  // its own random token per step, so routing differs per sequence as in real traffic. The
+  // roofline of a step is the distinct bytes it must read (dense weights once, each routed
+  // expert that got a token once, every sequence's KV state) over the measured bandwidth.
+  for (int32_t B : batches) {
+    if (B < 1) continue;
+    std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
+    for (int i = 0; i < B; ++i) states.push_back(std::make_unique<backend::cpu::SequenceState>(*prefilled));
+    std::vector<double> step_s, step_bytes;
+    std::vector<int32_t> toks(B);
+    std::vector<backend::cpu::ForwardOutput> outs(B);
+    std::vector<backend::cpu::SequenceChunk> chunks(B);
+    for (long long step = 0; step < decode; ++step) {
+      for (int i = 0; i < B; ++i) {
+        toks[i] = dist(rng);
+        chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      if (!(*cpu)->ForwardBatch(chunks).ok()) return 1;
+      step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const auto& st = (*cpu)->last_step_stats();
+      step_bytes.push_back(static_cast<double>(dense + st.routed_expert_bytes + st.kv_bytes));
+    }
+    double tps = B / Median(step_s);
+    double bytes = Median(step_bytes);
+    double roof = B * bw.read_gbps * 1e9 / bytes;
+    std::printf("decode batch %3d at context %lld: %8.3f tok/s; step reads %.1f MB -> roofline %.3f tok/s: %.1f%%\n",
+                B, prompt_len, tps, bytes / 1e6, roof, 100.0 * tps / roof);
+    if (csv)
+      std::fprintf(csv, "decode,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f\n", B, prompt_len, pool.size(), bw.read_gbps, tps,
+                   bytes, roof, tps / roof);
   }
+  if (csv) std::fclose(csv);
   return 0;
 }
 

@@ -301,6 +301,10 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   if (nm.round_bf16) RoundBf16InPlace(z.data(), static_cast<int64_t>(z.size()));
   QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
 
+  for (const auto& sg : segments)
+    step_stats_.kv_bytes += static_cast<int64_t>(win[&sg - segments.data()].size() + sg.layer->compressed.size() +
+                                                 sg.layer->index_keys.size()) * 4;
+
   // ---- keep the last `window` KV rows of each sequence for its next step.
   for (int64_t t = 0; t < T; ++t) {
     LayerState& ls = *segments[seg_of[t]].layer;

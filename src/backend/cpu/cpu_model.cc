@@ -140,6 +140,7 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
     T += static_cast<int64_t>(ch.tokens.size());
   }
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
+  step_stats_ = {};
   std::vector<int32_t> tokens;  // [T] flattened
   tokens.reserve(T);
   for (const auto& ch : chunks) tokens.insert(tokens.end(), ch.tokens.begin(), ch.tokens.end());

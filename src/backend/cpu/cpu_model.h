@@ -45,6 +45,13 @@ struct Segment {
   LayerState* layer = nullptr;
 };
 
+// What the last ForwardBatch had to read, for roofline accounting in benchmarks.
+struct StepStats {
+  int64_t routed_expert_bytes = 0;  // weights of every routed expert that received >= 1 token
+  int64_t n_routed_experts_used = 0;
+  int64_t kv_bytes = 0;             // sequence state read by attention (windows, rows, keys)
+};
+
 class CpuModel {
  public:
   static Result<std::unique_ptr<CpuModel>> Create(const model::ModelWeights& weights, Numerics numerics,
@@ -54,6 +61,7 @@ class CpuModel {
   const model::ModelConfig& config() const { return weights_.config(); }
   const Numerics& numerics() const { return numerics_; }
   std::unique_ptr<SequenceState> NewSequence() const;
+  const StepStats& last_step_stats() const { return step_stats_; }
   // Bytes a sequence state holds now, and would hold after n_tokens positions (for admission
   // control: fixed windows and compressor states plus compressed rows growing with context).
   int64_t StateBytes(const SequenceState& state) const;
@@ -93,6 +101,7 @@ class CpuModel {
   Numerics numerics_;
   ThreadPool& pool_;
   std::vector<std::unique_ptr<RopeTable>> rope_;  // per layer (backbone then MTP)
+  StepStats step_stats_;
 };
 
 }  // namespace dsinfer::backend::cpu

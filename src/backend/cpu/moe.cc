@@ -96,6 +96,8 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
       we[i] = weight[slots[i]];
     }
     Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, pool_, ye.data());
+    step_stats_.routed_expert_bytes += lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
+    step_stats_.n_routed_experts_used++;
     for (int64_t i = 0; i < n; ++i) {
       float* dst = acc.data() + (slots[i] / K) * D;
       const float* src = ye.data() + i * D;
