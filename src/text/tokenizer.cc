@@ -160,7 +160,8 @@ struct Tokenizer::Impl {
     return EncodePlain(text, {static_cast<uint32_t>(pos), segment.end}, scratch, pieces, ids);
   }
 
-  Status Build(const Json& root) {
+  // `tables`: vocab/merges streamed out of the parse, if the file had them in the usual place.
+  Status Build(const Json& root, std::optional<BpeModel::Tables> tables) {
     if (!root.is_object()) return InvalidArgument("tokenizer.json is not a JSON object");
     DSINFER_RETURN_IF_ERROR(CheckNormalizer(Member(root, "normalizer")));
     DSINFER_RETURN_IF_ERROR(CheckDecoder(Member(root, "decoder")));
@@ -168,7 +169,12 @@ struct Tokenizer::Impl {
     if (!pre_tokenizer.byte_level()) {
       return Unimplemented("pre_tokenizer without ByteLevel (only byte-level BPE is supported)");
     }
-    DSINFER_ASSIGN_OR_RETURN(bpe, BpeModel::FromJson(Member(root, "model")));
+    if (tables) {
+      DSINFER_ASSIGN_OR_RETURN(bpe,
+                               BpeModel::FromTables(Member(root, "model"), std::move(*tables)));
+    } else {
+      DSINFER_ASSIGN_OR_RETURN(bpe, BpeModel::FromJson(Member(root, "model")));
+    }
 
     struct Added {
       std::string content;
@@ -242,12 +248,70 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
+// Streams model.vocab and model.merges out of the parse (a parser callback that stores them and
+// drops them from the DOM): building and freeing a 128k-entry JSON object costs more than all
+// the rest of loading.
+class TableExtractor {
+ public:
+  bool OnEvent(int depth, Json::parse_event_t event, Json& parsed) {
+    using Event = Json::parse_event_t;
+    if (event == Event::key && depth < static_cast<int>(path_.size())) {
+      path_[depth] = parsed.get<std::string>();
+      return true;
+    }
+    if (depth == 2 && path_[1] == "model") {
+      vocab_seen_ |= event == Event::object_start && path_[2] == "vocab";
+      merges_seen_ |= event == Event::array_start && path_[2] == "merges";
+      return true;
+    }
+    if (depth != 3 || path_[1] != "model") return true;
+    if (path_[2] == "vocab" && event == Event::value) {
+      if (!parsed.is_number_integer() || parsed.get<int64_t>() < 0 ||
+          parsed.get<int64_t>() > INT32_MAX) {
+        error_ = "vocab entry " + path_[3] + " has no valid id";
+      } else {
+        tables_.vocab.emplace_back(std::move(path_[3]), parsed.get<int32_t>());
+      }
+      return false;
+    }
+    if (path_[2] == "merges" && (event == Event::value || event == Event::array_end)) {
+      tables_.merges.emplace_back();
+      if (!BpeModel::ParseMerge(parsed, &tables_.merges.back()) && error_.empty()) {
+        error_ =
+            "merge " + std::to_string(tables_.merges.size() - 1) + " is neither \"a b\" nor [a, b]";
+      }
+      return false;
+    }
+    return true;
+  }
+
+  const std::string& error() const { return error_; }
+  // The tables, when both were found under "model" (otherwise the DOM path reports what's wrong).
+  std::optional<BpeModel::Tables> TakeTables() {
+    if (!vocab_seen_ || !merges_seen_) return std::nullopt;
+    return std::move(tables_);
+  }
+
+ private:
+  std::array<std::string, 4> path_;  // object key at each depth 0..3 on the current path
+  BpeModel::Tables tables_;
+  bool vocab_seen_ = false, merges_seen_ = false;
+  std::string error_;
+};
+
 Result<Tokenizer> Tokenizer::FromJson(std::string_view json) {
   auto impl = std::make_unique<Impl>();
   try {
-    const Json root = Json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+    TableExtractor extractor;
+    const Json root = Json::parse(
+        json.begin(), json.end(),
+        [&extractor](int depth, Json::parse_event_t event, Json& parsed) {
+          return extractor.OnEvent(depth, event, parsed);
+        },
+        /*allow_exceptions=*/false);
     if (root.is_discarded()) return InvalidArgument("tokenizer.json is not valid JSON");
-    DSINFER_RETURN_IF_ERROR(impl->Build(root));
+    if (!extractor.error().empty()) return InvalidArgument(extractor.error());
+    DSINFER_RETURN_IF_ERROR(impl->Build(root, extractor.TakeTables()));
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("malformed tokenizer.json: ") + e.what());
   }

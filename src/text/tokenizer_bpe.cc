@@ -57,7 +57,47 @@ void BpeModel::InsertMerge(int32_t left, int32_t right, int32_t rank, int32_t me
   merges_[slot] = {key, rank, merged_id};
 }
 
+bool BpeModel::ParseMerge(const nlohmann::json& entry, std::pair<std::string, std::string>* out) {
+  if (entry.is_string()) {
+    const std::string& line = entry.get_ref<const std::string&>();
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) return false;
+    *out = {line.substr(0, space), line.substr(space + 1)};
+    return true;
+  }
+  if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
+    *out = {entry[0].get<std::string>(), entry[1].get<std::string>()};
+    return true;
+  }
+  return false;
+}
+
 Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
+  if (!model.is_object()) return InvalidArgument("tokenizer.json has no \"model\" object");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) {
+    return InvalidArgument("BPE model without a \"vocab\" object");
+  }
+  if (!model.contains("merges") || !model["merges"].is_array()) {
+    return InvalidArgument("BPE model without a \"merges\" array");
+  }
+  Tables tables;
+  for (const auto& [token, id] : model["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      return InvalidArgument("vocab entry " + token + " has no valid id");
+    }
+    tables.vocab.emplace_back(token, id.get<int32_t>());
+  }
+  for (const auto& entry : model["merges"]) {
+    tables.merges.emplace_back();
+    if (!ParseMerge(entry, &tables.merges.back())) {
+      return InvalidArgument("merge " + std::to_string(tables.merges.size() - 1) +
+                             " is neither \"a b\" nor [a, b]");
+    }
+  }
+  return FromTables(model, std::move(tables));
+}
+
+Result<BpeModel> BpeModel::FromTables(const nlohmann::json& model, Tables tables) {
   if (!model.is_object()) return InvalidArgument("tokenizer.json has no \"model\" object");
   if (model.contains("type") && model["type"] != "BPE") {
     return Unimplemented("model type " + model["type"].dump() + " (only BPE is supported)");
@@ -71,21 +111,10 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
     return Unimplemented("BPE dropout");
   }
   if (model.value("byte_fallback", false)) return Unimplemented("BPE byte_fallback");
-  if (!model.contains("vocab") || !model["vocab"].is_object()) {
-    return InvalidArgument("BPE model without a \"vocab\" object");
-  }
-  if (!model.contains("merges") || !model["merges"].is_array()) {
-    return InvalidArgument("BPE model without a \"merges\" array");
-  }
   BpeModel bpe;
   bpe.ignore_merges_ = model.value("ignore_merges", false);
-  bpe.vocab_.reserve(model["vocab"].size());
-  for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      return InvalidArgument("vocab entry " + token + " has no valid id");
-    }
-    bpe.vocab_.emplace(token, id.get<int32_t>());
-  }
+  bpe.vocab_.reserve(tables.vocab.size());
+  for (auto& [token, id] : tables.vocab) bpe.vocab_.emplace(std::move(token), id);
   bool all_bytes = true;
   for (int b = 0; b < 256; ++b) {
     std::string ch;
@@ -99,7 +128,7 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
     return Unimplemented("BPE unk_token with bytes missing from the vocab");
   }
 
-  const auto& merges = model["merges"];
+  const auto& merges = tables.merges;
   size_t capacity = 1;
   int log2 = 0;
   while (capacity < merges.size() * 2 + 2) {
@@ -108,26 +137,13 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
   }
   bpe.merges_.assign(capacity, MergeEntry{});
   bpe.merge_shift_ = 64 - log2;
+  std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& m = merges[rank];
-    std::string left, right;
-    if (m.is_string()) {
-      const std::string line = m.get<std::string>();
-      const size_t space = line.find(' ');
-      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        return InvalidArgument("merge line " + std::to_string(rank) + " is not \"a b\"");
-      }
-      left = line.substr(0, space);
-      right = line.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
-    } else {
-      return InvalidArgument("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
-    }
+    const auto& [left, right] = merges[rank];
+    joined.assign(left).append(right);
     auto l = bpe.vocab_.find(left);
     auto r = bpe.vocab_.find(right);
-    auto merged = bpe.vocab_.find(left + right);
+    auto merged = bpe.vocab_.find(joined);
     if (l == bpe.vocab_.end() || r == bpe.vocab_.end() || merged == bpe.vocab_.end()) {
       return InvalidArgument("merge " + std::to_string(rank) + " uses a token missing from vocab");
     }

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -21,8 +22,19 @@ int ByteLevelCharToByte(char32_t ch);
 
 class BpeModel {
  public:
+  // Vocab and merges as read from tokenizer.json, in file order.
+  struct Tables {
+    std::vector<std::pair<std::string, int32_t>> vocab;       // token -> id
+    std::vector<std::pair<std::string, std::string>> merges;  // (left, right), rank = index
+  };
+
   // `model` is the tokenizer.json "model" object (type BPE).
   static Result<BpeModel> FromJson(const nlohmann::json& model);
+  // Same, with vocab and merges already extracted (the loader streams them out of the parse so
+  // the multi-megabyte tables never become a JSON DOM); `model` supplies the other fields.
+  static Result<BpeModel> FromTables(const nlohmann::json& model, Tables tables);
+  // Converts one "merges" entry ("a b" or ["a", "b"]); false if it is neither.
+  static bool ParseMerge(const nlohmann::json& entry, std::pair<std::string, std::string>* out);
 
   // Appends the ids of one pre-token given as raw bytes (the byte-level mapping is implicit).
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;

@@ -218,6 +218,11 @@ TEST(Tokenizer, UnsupportedConfigurationsAreRejected) {
   EXPECT_EQ(with("/decoder", {{"type", "Metaspace"}}), StatusCode::kUnimplemented);
   EXPECT_EQ(with("/model/type", "WordPiece"), StatusCode::kUnimplemented);
   EXPECT_EQ(with("/model/merges/0", "a b c"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with("/model/merges/0", 7), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with("/model/merges", 7), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with("/model/vocab", 3), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with("/model/vocab/ab", "x"), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with("/model/vocab/ab", -4), StatusCode::kInvalidArgument);
   EXPECT_EQ(with("/model/merges/0", "a zz"), StatusCode::kInvalidArgument);
   EXPECT_EQ(with("/pre_tokenizer/pretokenizers/0/pattern", {{"Regex", "(unclosed"}}),
             StatusCode::kInvalidArgument);
