@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -392,6 +393,10 @@ void HttpServer::ServeConnection(int fd) {
     try {
       http::read_header(stream, buffer, parser, ec);
       if (!ec && !parser.is_done()) {
+        // curl and others wait for this before sending a large body.
+        auto expect = parser.get().find(http::field::expect);
+        if (expect != parser.get().end() && beast::iequals(expect->value(), "100-continue"))
+          WriteAll(fd, "HTTP/1.1 100 Continue\r\n\r\n", options_.write_timeout);
         stream.set_deadline(Clock::now() + options_.body_timeout);
         http::read(stream, buffer, parser, ec);
       }

@@ -47,13 +47,24 @@ status=0
 DSINFER_URL="http://127.0.0.1:$port" DSINFER_KEY="$key" DSINFER_MODEL=dsinfer-test \
   "$venv/bin/pytest" -q -p no:cacheprovider "$here" "$@" || status=$?
 
-# Graceful shutdown: SIGTERM while a request streams; the process must exit 0 by the deadline.
+# Graceful shutdown: SIGTERM while a request streams; the stream must end properly (finished or
+# aborted, then [DONE]) and the process must exit 0 by the deadline.
+stream_out="$build/server-test-stream.txt"
+curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer $key" \
+  -H "Content-Type: application/json" \
+  -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":1000,"ignore_eos":true,"stream":true}' \
+  >"$stream_out" 2>/dev/null &
+curl_pid=$!
+for _ in $(seq 1 100); do grep -q '^data: ' "$stream_out" 2>/dev/null && break; sleep 0.1; done
 kill -TERM "$pid"
 for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$pid" 2>/dev/null; then echo "server did not stop after SIGTERM"; status=1; else
   rc=0; wait "$pid" || rc=$?
   [[ $rc -eq 0 ]] || { echo "server exited $rc after SIGTERM"; status=1; }
 fi
+wait "$curl_pid" || true
+tail -c 200 "$stream_out" | grep -q 'data: \[DONE\]' || { echo "in-flight stream did not end cleanly"; status=1; }
+grep -q '"finish_reason":"\(aborted\|length\)"' "$stream_out" || { echo "in-flight stream has no finish"; status=1; }
 trap - EXIT
 grep -q "$key" "$log" && { echo "the API key appeared in the log"; status=1; }
 exit $status

@@ -196,3 +196,32 @@ def test_chat_page_served(url):
     r = http("GET", "/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "/v1/chat/completions" in r.text and "reasoning" in r.text
+
+
+def test_responses_cancel_endpoint(url, key, model):
+    import json
+    import socket
+    from urllib.parse import urlparse
+    u = urlparse(url)
+    body = json.dumps({"model": model, "input": "hi", "stream": True, "max_output_tokens": 1000,
+                       "ignore_eos": True}).encode()
+    s = socket.create_connection((u.hostname, u.port), timeout=60)
+    s.sendall((f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    data = b""
+    while b"response.created" not in data or b'"id":"resp_' not in data:
+        data += s.recv(65536)
+    start = data.index(b'"id":"resp_') + 6
+    rid = data[start:data.index(b'"', start)].decode()
+    assert http("GET", "/v1/responses/" + rid, key=key).json()["status"] == "in_progress"
+    cancelled = http("POST", f"/v1/responses/{rid}/cancel", key=key)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    s.settimeout(30)
+    while b"0\r\n\r\n" not in data[-16:]:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    assert b"response.completed" not in data
+    assert http("GET", "/v1/responses/" + rid, key=key).json()["status"] == "cancelled"
