@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
@@ -13,6 +14,9 @@
 #include "model/demo_model.h"
 #include "model/weights.h"
 #include "runtime/sampler.h"
+#include "text/chat_parser.h"
+#include "text/chat_render.h"
+#include "text/tokenizer.h"
 
 namespace dsinfer::cli {
 namespace {
@@ -121,16 +125,16 @@ int RunLogits(int argc, char** argv) {
 
 int RunGenerate(int argc, char** argv) {
   const char* usage =
-      "dsinfer generate --model DIR --prompt-ids 0,5,7 [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] "
-      "[--seed S] [--numerics official|fp32-reference] [--ignore-eos]";
+      "dsinfer generate --model DIR (--prompt-ids 0,5,7 | --prompt TEXT [--chat [--no-thinking]]) [--max-tokens N] "
+      "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] [--ignore-eos] "
+      "[--tokenizer FILE]";
   Args args;
   if (!args.Parse(argc, argv,
-                  {"model", "prompt-ids", "max-tokens", "temperature", "top-p", "top-k", "seed", "numerics", "threads"},
-                  {"ignore-eos"}) ||
-      !args.Has("model") || !args.Has("prompt-ids"))
-    return Usage(usage, args.error());
-  std::vector<int32_t> ids;
-  if (!ParseIdList(*args.Get("prompt-ids"), &ids)) return Usage(usage, "--prompt-ids must be a list of ids");
+                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed", "numerics",
+                   "threads", "tokenizer"},
+                  {"ignore-eos", "chat", "no-thinking"}) ||
+      !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
+    return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt" : args.error());
   long long max_tokens = 32, top_k = 0, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
   if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) || !args.GetInt("seed", &seed) ||
@@ -141,14 +145,67 @@ int RunGenerate(int argc, char** argv) {
     return Usage(usage, "invalid sampling parameters");
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
-  auto weights = model::ModelWeights::Load(*args.Get("model"));
+  const std::string model_dir = *args.Get("model");
+
+  // Text prompts: the model directory's tokenizer; --chat renders a one-turn conversation with
+  // the DeepSeek V4 template and parses the output into reasoning and answer.
+  std::optional<text::Tokenizer> tokenizer;
+  std::optional<text::OutputParser> parser;
+  std::vector<int32_t> ids;
+  if (auto prompt = args.Get("prompt")) {
+    auto tok = text::Tokenizer::FromFile(args.GetOr("tokenizer", model_dir + "/tokenizer.json"));
+    if (!tok.ok()) return Fail(tok.status());
+    tokenizer.emplace(std::move(tok).value());
+    if (args.Has("chat")) {
+      text::ChatRequest req;
+      req.thinking = !args.Has("no-thinking");
+      text::ChatMessage user;
+      user.role = text::Role::kUser;
+      user.content = *prompt;
+      req.messages.push_back(user);
+      auto rendered = text::RenderPromptSegments(req);
+      if (!rendered.ok()) return Fail(rendered.status());
+      auto encoded = text::EncodePrompt(*tokenizer, rendered->segments);
+      if (!encoded.ok()) return Fail(encoded.status());
+      ids = std::move(encoded).value();
+      text::OutputParserOptions po;
+      po.thinking = req.thinking ? text::ThinkingStage::kReasoningStart : text::ThinkingStage::kOff;
+      parser.emplace(po);
+    } else {
+      auto encoded = tokenizer->Encode(*prompt, /*allow_special=*/true);
+      if (!encoded.ok()) return Fail(encoded.status());
+      ids = std::move(encoded).value();
+    }
+  } else if (!ParseIdList(*args.Get("prompt-ids"), &ids)) {
+    return Usage(usage, "--prompt-ids must be a list of ids");
+  }
+  if (ids.empty()) return Usage(usage, "the prompt is empty");
+
+  auto weights = model::ModelWeights::Load(model_dir);
   if (!weights.ok()) return Fail(weights.status());
   ThreadPool pool(static_cast<int>(threads));
   auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
   if (!cpu.ok()) return Fail(cpu.status());
   auto state = (*cpu)->NewSequence();
-  runtime::SamplingParams sp{temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed)};
+  runtime::SamplingParams sp{temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed), true};
   const int eos = (*weights)->config().eos_token_id;
+
+  std::optional<text::StreamingDetokenizer> detok;
+  if (tokenizer) detok.emplace(*tokenizer);
+  std::string reasoning, answer;
+  auto emit = [&](int32_t tok, bool first) {
+    if (!detok) {
+      std::printf("%s%d", first ? "" : ",", tok);
+    } else if (!parser) {
+      std::fputs(detok->Next(tok).c_str(), stdout);
+    } else {
+      for (const auto& ev : parser->Feed(detok->Next(tok))) {
+        if (ev.kind == text::ParserEvent::Kind::kReasoning) reasoning += ev.text;
+        if (ev.kind == text::ParserEvent::Kind::kContent) answer += ev.text;
+      }
+    }
+    std::fflush(stdout);
+  };
 
   auto t0 = std::chrono::steady_clock::now();
   backend::cpu::ForwardOutput out;
@@ -156,18 +213,39 @@ int RunGenerate(int argc, char** argv) {
   if (!st.ok()) return Fail(st);
   auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
+  bool hit_eos = false;
   for (long long i = 0; i < max_tokens; ++i) {
     int32_t tok = runtime::Sample(out.logits, sp, static_cast<uint64_t>(i));
     generated.push_back(tok);
-    std::printf("%s%d", i ? "," : "", tok);
-    std::fflush(stdout);
-    if (tok == eos && !args.Has("ignore-eos")) break;
+    if (tok == eos && !args.Has("ignore-eos")) {
+      hit_eos = true;
+      if (!detok) emit(tok, i == 0);
+      break;
+    }
+    emit(tok, i == 0);
     if (i + 1 == max_tokens) break;
     int32_t one[1] = {tok};
     st = (*cpu)->Forward(*state, one, {}, &out);
     if (!st.ok()) return Fail(st);
   }
   auto t2 = std::chrono::steady_clock::now();
+  if (detok) {
+    std::string rest = detok->Flush();
+    if (parser) {
+      for (const auto& ev : parser->Feed(rest)) {
+        if (ev.kind == text::ParserEvent::Kind::kReasoning) reasoning += ev.text;
+        if (ev.kind == text::ParserEvent::Kind::kContent) answer += ev.text;
+      }
+      for (const auto& ev : parser->Finish(hit_eos ? text::BackendFinish::kStop : text::BackendFinish::kLength)) {
+        if (ev.kind == text::ParserEvent::Kind::kReasoning) reasoning += ev.text;
+        if (ev.kind == text::ParserEvent::Kind::kContent) answer += ev.text;
+      }
+      std::printf("[reasoning]\n%s\n[answer]\n%s\n[finish: %s]", reasoning.c_str(), answer.c_str(),
+                  text::FinishReasonName(parser->result().finish_reason));
+    } else {
+      std::fputs(rest.c_str(), stdout);
+    }
+  }
   std::printf("\n");
   double decode_s = Seconds(t1, t2);
   std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
@@ -175,6 +253,5 @@ int RunGenerate(int argc, char** argv) {
                decode_s, generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, decode_s) : 0.0);
   return 0;
 }
-
 
 }  // namespace dsinfer::cli
