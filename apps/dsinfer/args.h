@@ -13,7 +13,8 @@ namespace dsinfer::cli {
 class Args {
  public:
   // value_flags take a value; bool_flags do not. Returns false (and sets error()) on bad usage.
-  bool Parse(int argc, char** argv, const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags);
+  bool Parse(int argc, char** argv, const std::set<std::string>& value_flags,
+             const std::set<std::string>& bool_flags);
   const std::string& error() const { return error_; }
   std::optional<std::string> Get(const std::string& name) const;
   std::string GetOr(const std::string& name, const std::string& fallback) const;

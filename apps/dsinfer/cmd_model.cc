@@ -45,12 +45,15 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 int RunCreateDemoModel(int argc, char** argv) {
   const char* usage =
-      "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N] [--tokenizer FILE]";
+      "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N] "
+      "[--tokenizer FILE]";
   Args args;
-  if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer"}, {}) || args.positional().size() != 1)
+  if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer"}, {}) ||
+      args.positional().size() != 1)
     return Usage(usage, args.error());
   long long seed = 1, threads = 0;
-  if (!args.GetInt("seed", &seed) || !args.GetInt("threads", &threads)) return Usage(usage, args.error());
+  if (!args.GetInt("seed", &seed) || !args.GetInt("threads", &threads))
+    return Usage(usage, args.error());
   auto config = model::PresetConfig(args.GetOr("preset", "demo"));
   if (!config.ok()) return Fail(config.status());
   ThreadPool pool(static_cast<int>(threads));
@@ -66,15 +69,16 @@ int RunCreateDemoModel(int argc, char** argv) {
                                std::filesystem::copy_options::overwrite_existing, ec);
     if (ec) return Fail(IoError("cannot copy tokenizer " + *tok + ": " + ec.message()));
   }
-  std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", args.positional()[0].c_str(), config->Summary().c_str(),
-               Seconds(t0, std::chrono::steady_clock::now()));
+  std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", args.positional()[0].c_str(),
+               config->Summary().c_str(), Seconds(t0, std::chrono::steady_clock::now()));
   return 0;
 }
 
 int RunInspect(int argc, char** argv) {
   const char* usage = "dsinfer inspect --model DIR";
   Args args;
-  if (!args.Parse(argc, argv, {"model"}, {}) || !args.Has("model")) return Usage(usage, args.error());
+  if (!args.Parse(argc, argv, {"model"}, {}) || !args.Has("model"))
+    return Usage(usage, args.error());
   auto weights = model::ModelWeights::Load(*args.Get("model"));
   if (!weights.ok()) return Fail(weights.status());
   const auto& w = **weights;
@@ -86,13 +90,15 @@ int RunInspect(int argc, char** argv) {
 
 int RunLogits(int argc, char** argv) {
   const char* usage =
-      "dsinfer logits --model DIR --ids 0,5,7 --out FILE [--numerics official|fp32-reference] [--chunk N]";
+      "dsinfer logits --model DIR --ids 0,5,7 --out FILE [--numerics official|fp32-reference] "
+      "[--chunk N]";
   Args args;
-  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads"}, {}) || !args.Has("model") ||
-      !args.Has("ids") || !args.Has("out"))
+  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads"}, {}) ||
+      !args.Has("model") || !args.Has("ids") || !args.Has("out"))
     return Usage(usage, args.error());
   std::vector<int32_t> ids;
-  if (!ParseIdList(*args.Get("ids"), &ids)) return Usage(usage, "--ids must be a comma-separated list of ids");
+  if (!ParseIdList(*args.Get("ids"), &ids))
+    return Usage(usage, "--ids must be a comma-separated list of ids");
   long long chunk = 0, threads = 0;
   if (!args.GetInt("chunk", &chunk) || !args.GetInt("threads", &threads) || chunk < 0)
     return Usage(usage, args.error());
@@ -111,7 +117,8 @@ int RunLogits(int argc, char** argv) {
   for (size_t i = 0; i < ids.size(); i += step) {
     size_t n = std::min(step, ids.size() - i);
     backend::cpu::ForwardOutput out;
-    Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n), {.all_logits = true}, &out);
+    Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n),
+                                {.all_logits = true}, &out);
     if (!st.ok()) return Fail(st);
     all.insert(all.end(), out.logits.begin(), out.logits.end());
   }
@@ -125,21 +132,24 @@ int RunLogits(int argc, char** argv) {
 
 int RunGenerate(int argc, char** argv) {
   const char* usage =
-      "dsinfer generate --model DIR (--prompt-ids 0,5,7 | --prompt TEXT [--chat [--no-thinking]]) [--max-tokens N] "
-      "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] [--ignore-eos] "
+      "dsinfer generate --model DIR (--prompt-ids 0,5,7 | --prompt TEXT [--chat [--no-thinking]]) "
+      "[--max-tokens N] "
+      "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
+      "[--ignore-eos] "
       "[--tokenizer FILE]";
   Args args;
   if (!args.Parse(argc, argv,
-                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed", "numerics",
-                   "threads", "tokenizer"},
+                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
+                   "seed", "numerics", "threads", "tokenizer"},
                   {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
-    return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt" : args.error());
+    return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
+                                             : args.error());
   long long max_tokens = 32, top_k = 0, seed = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
-  if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) || !args.GetInt("seed", &seed) ||
-      !args.GetInt("threads", &threads) || !args.GetDouble("temperature", &temperature) ||
-      !args.GetDouble("top-p", &top_p))
+  if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) ||
+      !args.GetInt("seed", &seed) || !args.GetInt("threads", &threads) ||
+      !args.GetDouble("temperature", &temperature) || !args.GetDouble("top-p", &top_p))
     return Usage(usage, args.error());
   if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0)
     return Usage(usage, "invalid sampling parameters");
@@ -187,7 +197,8 @@ int RunGenerate(int argc, char** argv) {
   auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
   if (!cpu.ok()) return Fail(cpu.status());
   auto state = (*cpu)->NewSequence();
-  runtime::SamplingParams sp{temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed), true};
+  runtime::SamplingParams sp{
+      temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed), true};
   const int eos = (*weights)->config().eos_token_id;
 
   std::optional<text::StreamingDetokenizer> detok;
@@ -236,7 +247,8 @@ int RunGenerate(int argc, char** argv) {
         if (ev.kind == text::ParserEvent::Kind::kReasoning) reasoning += ev.text;
         if (ev.kind == text::ParserEvent::Kind::kContent) answer += ev.text;
       }
-      for (const auto& ev : parser->Finish(hit_eos ? text::BackendFinish::kStop : text::BackendFinish::kLength)) {
+      for (const auto& ev :
+           parser->Finish(hit_eos ? text::BackendFinish::kStop : text::BackendFinish::kLength)) {
         if (ev.kind == text::ParserEvent::Kind::kReasoning) reasoning += ev.text;
         if (ev.kind == text::ParserEvent::Kind::kContent) answer += ev.text;
       }
@@ -248,9 +260,11 @@ int RunGenerate(int argc, char** argv) {
   }
   std::printf("\n");
   double decode_s = Seconds(t1, t2);
-  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
-               ids.size(), Seconds(t0, t1), ids.size() / std::max(1e-9, Seconds(t0, t1)), generated.size(),
-               decode_s, generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, decode_s) : 0.0);
+  std::fprintf(
+      stderr,
+      "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
+      ids.size(), Seconds(t0, t1), ids.size() / std::max(1e-9, Seconds(t0, t1)), generated.size(),
+      decode_s, generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, decode_s) : 0.0);
   return 0;
 }
 

@@ -78,7 +78,8 @@ float F16ToF32(uint16_t h) {
   } else if (exponent == 31) {
     value = mantissa ? std::nanf("") : INFINITY;
   } else {
-    value = std::ldexp(1.0f + static_cast<float>(mantissa) / 1024.0f, static_cast<int>(exponent) - 15);
+    value =
+        std::ldexp(1.0f + static_cast<float>(mantissa) / 1024.0f, static_cast<int>(exponent) - 15);
   }
   return sign ? -value : value;
 }
@@ -95,7 +96,10 @@ uint8_t F32ToE4M3(float f) {
   int lo = 0, hi = 0x7e;
   while (lo < hi) {  // first code with value >= a
     int mid = (lo + hi) / 2;
-    if (kE4M3Table[mid] < a) lo = mid + 1; else hi = mid;
+    if (kE4M3Table[mid] < a)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   int code = lo;
   if (kE4M3Table[code] != a && code > 0) {

@@ -21,7 +21,8 @@ double Median(std::vector<double> v) {
 // Sums the buffer so the compiler cannot drop the reads; wide loads like the GEMV kernels use.
 float ReadRange(const float* p, int64_t n) {
 #if defined(__AVX2__)
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
@@ -49,12 +50,17 @@ BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes, int repe
   int64_t n = bytes / 4;
   n -= n % 1024;
   auto deleter = [](float* p) { std::free(p); };
-  std::unique_ptr<float, decltype(deleter)> a(static_cast<float*>(std::aligned_alloc(64, n * 4)), deleter);
-  std::unique_ptr<float, decltype(deleter)> b(static_cast<float*>(std::aligned_alloc(64, n * 4)), deleter);
+  std::unique_ptr<float, decltype(deleter)> a(static_cast<float*>(std::aligned_alloc(64, n * 4)),
+                                              deleter);
+  std::unique_ptr<float, decltype(deleter)> b(static_cast<float*>(std::aligned_alloc(64, n * 4)),
+                                              deleter);
   // First touch from the pool so pages are spread like the benchmark's.
-  pool.ParallelForRange(n, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; ++i) a.get()[i] = 1.0f, b.get()[i] = 0.0f;
-  }, 1 << 16);
+  pool.ParallelForRange(
+      n,
+      [&](int64_t s, int64_t e) {
+        for (int64_t i = s; i < e; ++i) a.get()[i] = 1.0f, b.get()[i] = 0.0f;
+      },
+      1 << 16);
   std::vector<double> reads, copies;
   volatile float sink = 0;
   for (int r = 0; r < repeats + 1; ++r) {

@@ -9,12 +9,13 @@
 namespace dsinfer {
 
 struct BandwidthResult {
-  double read_gbps = 0;   // GB/s (1e9 bytes) reading, median of repeats
-  double copy_gbps = 0;   // GB/s counting read + write bytes
-  int64_t bytes = 0;      // working-set size
+  double read_gbps = 0;  // GB/s (1e9 bytes) reading, median of repeats
+  double copy_gbps = 0;  // GB/s counting read + write bytes
+  int64_t bytes = 0;     // working-set size
 };
 
 // Working set should be far larger than the last-level cache (default 1 GiB).
-BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes = int64_t{1} << 30, int repeats = 5);
+BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes = int64_t{1} << 30,
+                                       int repeats = 5);
 
 }  // namespace dsinfer

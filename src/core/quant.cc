@@ -40,26 +40,26 @@ void ActQuantFp8(const float* x, int n, int block, uint8_t* codes, float* scales
   }
 }
 
-void Fp8RoundTripInPlace(float* x, int n, int block) {
+namespace {
+// Per block: x <- bf16(decode(encode(clamp(x / s, +-range))) * s) with s a power of two.
+template <typename Encode, typename Decode>
+void RoundTripInPlace(float* x, int n, int block, float amax_floor, float inv_range, float range,
+                      Encode encode, Decode decode) {
   for (int b0 = 0; b0 < n; b0 += block) {
     int len = std::min(block, n - b0);
-    float s = PowerOfTwoScale(BlockAmax(x + b0, len), kFp8AmaxFloor, kInvE4M3Max);
-    for (int i = 0; i < len; ++i) {
-      float v = std::clamp(x[b0 + i] / s, -kE4M3Max, kE4M3Max);
-      x[b0 + i] = RoundBf16(E4M3ToF32(F32ToE4M3(v)) * s);
-    }
+    float s = PowerOfTwoScale(BlockAmax(x + b0, len), amax_floor, inv_range);
+    for (int i = 0; i < len; ++i)
+      x[b0 + i] = RoundBf16(decode(encode(std::clamp(x[b0 + i] / s, -range, range))) * s);
   }
+}
+}  // namespace
+
+void Fp8RoundTripInPlace(float* x, int n, int block) {
+  RoundTripInPlace(x, n, block, kFp8AmaxFloor, kInvE4M3Max, kE4M3Max, F32ToE4M3, E4M3ToF32);
 }
 
 void Fp4RoundTripInPlace(float* x, int n, int block) {
-  for (int b0 = 0; b0 < n; b0 += block) {
-    int len = std::min(block, n - b0);
-    float s = PowerOfTwoScale(BlockAmax(x + b0, len), kFp4AmaxFloor, kInvE2M1Max);
-    for (int i = 0; i < len; ++i) {
-      float v = std::clamp(x[b0 + i] / s, -kE2M1Max, kE2M1Max);
-      x[b0 + i] = RoundBf16(E2M1ToF32(F32ToE2M1(v)) * s);
-    }
-  }
+  RoundTripInPlace(x, n, block, kFp4AmaxFloor, kInvE2M1Max, kE2M1Max, F32ToE2M1, E2M1ToF32);
 }
 
 void HadamardInPlace(float* x, int n, bool round_to_bf16) {

@@ -13,11 +13,11 @@ namespace dsinfer {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // the caller's input is malformed (request, CLI flag, file contents)
-  kNotFound,          // a file, tensor or key is missing
-  kOutOfRange,        // an index or size is past its limit
+  kInvalidArgument,  // the caller's input is malformed (request, CLI flag, file contents)
+  kNotFound,         // a file, tensor or key is missing
+  kOutOfRange,       // an index or size is past its limit
   kFailedPrecondition,
-  kResourceExhausted, // memory / KV budget / queue full
+  kResourceExhausted,  // memory / KV budget / queue full
   kUnimplemented,
   kInternal,
   kIoError,
@@ -48,7 +48,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
@@ -65,7 +67,7 @@ inline Status FailedPrecondition(std::string m) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Internal("Result constructed from an ok Status without a value");
   }
@@ -89,23 +91,23 @@ class [[nodiscard]] Result {
 
 }  // namespace dsinfer
 
-#define DSINFER_CHECK(cond)                                                   \
-  do {                                                                        \
-    if (!(cond)) ::dsinfer::CheckFailed(__FILE__, __LINE__, #cond, "");       \
+#define DSINFER_CHECK(cond)                                             \
+  do {                                                                  \
+    if (!(cond)) ::dsinfer::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define DSINFER_CHECK_MSG(cond, msg)                                          \
-  do {                                                                        \
-    if (!(cond)) ::dsinfer::CheckFailed(__FILE__, __LINE__, #cond, (msg));    \
+#define DSINFER_CHECK_MSG(cond, msg)                                       \
+  do {                                                                     \
+    if (!(cond)) ::dsinfer::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 
 #define DSINFER_CONCAT_INNER(a, b) a##b
 #define DSINFER_CONCAT(a, b) DSINFER_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not ok.
-#define DSINFER_RETURN_IF_ERROR(expr)                 \
-  do {                                                \
-    ::dsinfer::Status _dsinfer_st = (expr);           \
-    if (!_dsinfer_st.ok()) return _dsinfer_st;        \
+#define DSINFER_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::dsinfer::Status _dsinfer_st = (expr);    \
+    if (!_dsinfer_st.ok()) return _dsinfer_st; \
   } while (0)
 
 // DSINFER_ASSIGN_OR_RETURN(auto x, MakeX()); returns the error status if MakeX() failed.

@@ -5,7 +5,8 @@
 namespace dsinfer {
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n_threads <= 0)
+    n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -74,7 +75,8 @@ void ThreadPool::ParallelFor(int64_t n_tasks, const std::function<void(int64_t)>
 void ThreadPool::ParallelForRange(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                                   int64_t min_chunk) {
   if (n <= 0) return;
-  int64_t n_chunks = std::max<int64_t>(1, std::min<int64_t>(size() * 4, n / std::max<int64_t>(1, min_chunk)));
+  int64_t n_chunks =
+      std::max<int64_t>(1, std::min<int64_t>(size() * 4, n / std::max<int64_t>(1, min_chunk)));
   int64_t chunk = (n + n_chunks - 1) / n_chunks;
   n_chunks = (n + chunk - 1) / chunk;
   ParallelFor(n_chunks, [&](int64_t c) { fn(c * chunk, std::min(n, (c + 1) * chunk)); });

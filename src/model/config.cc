@@ -1,9 +1,8 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/json_file.h"
 
@@ -17,11 +16,13 @@ template <typename T>
 Status ReadField(const json& j, const char* key, T* out, bool required) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
-    if (required) return InvalidArgument(std::string("config.json: missing required field '") + key + "'");
+    if (required)
+      return InvalidArgument(std::string("config.json: missing required field '") + key + "'");
     return Status::Ok();
   }
   if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) return InvalidArgument(std::string("config.json: '") + key + "' must be a boolean");
+    if (!it->is_boolean())
+      return InvalidArgument(std::string("config.json: '") + key + "' must be a boolean");
     *out = it->get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!it->is_number_integer())
@@ -32,17 +33,21 @@ Status ReadField(const json& j, const char* key, T* out, bool required) {
       return InvalidArgument(std::string("config.json: '") + key + "' is out of range");
     *out = static_cast<T>(v);
   } else if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number()) return InvalidArgument(std::string("config.json: '") + key + "' must be a number");
+    if (!it->is_number())
+      return InvalidArgument(std::string("config.json: '") + key + "' must be a number");
     *out = static_cast<T>(it->get<double>());
   } else {
-    if (!it->is_string()) return InvalidArgument(std::string("config.json: '") + key + "' must be a string");
+    if (!it->is_string())
+      return InvalidArgument(std::string("config.json: '") + key + "' must be a string");
     *out = it->get<std::string>();
   }
   return Status::Ok();
 }
 
 Status Positive(const char* name, int64_t v) {
-  if (v <= 0) return InvalidArgument(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
+  if (v <= 0)
+    return InvalidArgument(std::string("config: ") + name + " must be positive, got " +
+                           std::to_string(v));
   return Status::Ok();
 }
 
@@ -78,13 +83,16 @@ Status ModelConfig::Validate() const {
     return InvalidArgument("config: dimensions are implausibly large");
   if (rope_dim > head_dim || rope_dim % 2 != 0)
     return InvalidArgument("config: qk_rope_head_dim must be even and <= head_dim");
-  if (n_heads % o_groups != 0) return InvalidArgument("config: num_attention_heads must be divisible by o_groups");
+  if (n_heads % o_groups != 0)
+    return InvalidArgument("config: num_attention_heads must be divisible by o_groups");
   if (n_experts_per_tok > n_routed_experts)
     return InvalidArgument("config: num_experts_per_tok exceeds n_routed_experts");
   if (n_shared_experts < 0 || n_shared_experts > 1)
     return InvalidArgument("config: n_shared_experts must be 0 or 1");
-  if (n_hash_layers < 0 || n_hash_layers > n_layers) return InvalidArgument("config: num_hash_layers out of range");
-  if (n_mtp_layers < 0 || n_mtp_layers > 8) return InvalidArgument("config: num_nextn_predict_layers out of range");
+  if (n_hash_layers < 0 || n_hash_layers > n_layers)
+    return InvalidArgument("config: num_hash_layers out of range");
+  if (n_mtp_layers < 0 || n_mtp_layers > 8)
+    return InvalidArgument("config: num_nextn_predict_layers out of range");
   if (static_cast<int>(compress_ratios.size()) < n_layers + n_mtp_layers)
     return InvalidArgument("config: compress_ratios has " + std::to_string(compress_ratios.size()) +
                            " entries, need num_hidden_layers + num_nextn_predict_layers = " +
@@ -93,25 +101,32 @@ Status ModelConfig::Validate() const {
   for (int li = 0; li < n_layers + n_mtp_layers; ++li) {
     int r = compress_ratios[li];
     if (r < 0 || r == 1 || r == 2 || r == 3 || (r > 4 && !IsPowerOfTwo(r)) || r > 4096)
-      return InvalidArgument("config: compress_ratios[" + std::to_string(li) + "] = " + std::to_string(r) +
+      return InvalidArgument("config: compress_ratios[" + std::to_string(li) +
+                             "] = " + std::to_string(r) +
                              " is not supported for V4 (0, 4 or a power of two > 4)");
-    if (li >= n_layers && r != 0) return InvalidArgument("config: MTP layers must have compress ratio 0");
+    if (li >= n_layers && r != 0)
+      return InvalidArgument("config: MTP layers must have compress ratio 0");
     any_csa = any_csa || r == 4;
   }
   if (any_csa) {
     DSINFER_RETURN_IF_ERROR(Positive("index_n_heads", index_n_heads));
     DSINFER_RETURN_IF_ERROR(Positive("index_topk", index_topk));
     if (!IsPowerOfTwo(index_head_dim) || index_head_dim < rope_dim)
-      return InvalidArgument("config: index_head_dim must be a power of two >= qk_rope_head_dim (Hadamard)");
+      return InvalidArgument(
+          "config: index_head_dim must be a power of two >= qk_rope_head_dim (Hadamard)");
   }
   if (hidden % act_block != 0 && hidden > act_block)
     return InvalidArgument("config: hidden_size must be a multiple of the activation block");
   if (experts_fp4 && (hidden % fp4_block != 0 || moe_inter % fp4_block != 0))
-    return InvalidArgument("config: FP4 experts need hidden and moe_intermediate_size multiples of 32");
-  if (!(norm_eps > 0) || !(hc_eps > 0)) return InvalidArgument("config: eps values must be positive");
-  if (!(rope_theta > 0) || !(compress_rope_theta > 0) || !(yarn.factor >= 1) || yarn.original_seq_len <= 0)
+    return InvalidArgument(
+        "config: FP4 experts need hidden and moe_intermediate_size multiples of 32");
+  if (!(norm_eps > 0) || !(hc_eps > 0))
+    return InvalidArgument("config: eps values must be positive");
+  if (!(rope_theta > 0) || !(compress_rope_theta > 0) || !(yarn.factor >= 1) ||
+      yarn.original_seq_len <= 0)
     return InvalidArgument("config: bad rope parameters");
-  if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 || eos_token_id >= vocab_size)
+  if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
+      eos_token_id >= vocab_size)
     return InvalidArgument("config: bos/eos token id outside the vocabulary");
   return Status::Ok();
 }
@@ -122,7 +137,8 @@ Result<ModelConfig> ModelConfig::FromJson(const json& j) {
   std::string model_type;
   DSINFER_RETURN_IF_ERROR(ReadField(j, "model_type", &model_type, false));
   if (!model_type.empty() && model_type != "deepseek_v4")
-    return InvalidArgument("config.json: model_type '" + model_type + "' is not supported (want deepseek_v4)");
+    return InvalidArgument("config.json: model_type '" + model_type +
+                           "' is not supported (want deepseek_v4)");
   DSINFER_RETURN_IF_ERROR(ReadField(j, "vocab_size", &c.vocab_size, true));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "hidden_size", &c.hidden, true));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "num_hidden_layers", &c.n_layers, true));
@@ -131,7 +147,8 @@ Result<ModelConfig> ModelConfig::FromJson(const json& j) {
   DSINFER_RETURN_IF_ERROR(ReadField(j, "num_attention_heads", &c.n_heads, true));
   int n_kv_heads = 1;
   DSINFER_RETURN_IF_ERROR(ReadField(j, "num_key_value_heads", &n_kv_heads, false));
-  if (n_kv_heads != 1) return InvalidArgument("config.json: num_key_value_heads must be 1 for DeepSeek-V4");
+  if (n_kv_heads != 1)
+    return InvalidArgument("config.json: num_key_value_heads must be 1 for DeepSeek-V4");
   DSINFER_RETURN_IF_ERROR(ReadField(j, "head_dim", &c.head_dim, true));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "qk_rope_head_dim", &c.rope_dim, true));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "q_lora_rank", &c.q_lora_rank, true));
@@ -154,34 +171,39 @@ Result<ModelConfig> ModelConfig::FromJson(const json& j) {
   DSINFER_RETURN_IF_ERROR(ReadField(j, "rms_norm_eps", &c.norm_eps, false));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "rope_theta", &c.rope_theta, false));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "compress_rope_theta", &c.compress_rope_theta, false));
-  DSINFER_RETURN_IF_ERROR(ReadField(j, "max_position_embeddings", &c.max_position_embeddings, false));
+  DSINFER_RETURN_IF_ERROR(
+      ReadField(j, "max_position_embeddings", &c.max_position_embeddings, false));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "bos_token_id", &c.bos_token_id, false));
   DSINFER_RETURN_IF_ERROR(ReadField(j, "eos_token_id", &c.eos_token_id, false));
   std::string score_func = "sqrtsoftplus";
   DSINFER_RETURN_IF_ERROR(ReadField(j, "scoring_func", &score_func, false));
   if (score_func != "sqrtsoftplus")
-    return InvalidArgument("config.json: scoring_func '" + score_func + "' is not supported (want sqrtsoftplus)");
+    return InvalidArgument("config.json: scoring_func '" + score_func +
+                           "' is not supported (want sqrtsoftplus)");
 
   auto ratios = j.find("compress_ratios");
   if (ratios == j.end() || !ratios->is_array())
     return InvalidArgument("config.json: 'compress_ratios' must be an array");
   for (const auto& r : *ratios) {
-    if (!r.is_number_integer()) return InvalidArgument("config.json: compress_ratios entries must be integers");
+    if (!r.is_number_integer())
+      return InvalidArgument("config.json: compress_ratios entries must be integers");
     int64_t v = r.get<int64_t>();
-    if (v < 0 || v > 1 << 20) return InvalidArgument("config.json: compress_ratios entry out of range");
+    if (v < 0 || v > 1 << 20)
+      return InvalidArgument("config.json: compress_ratios entry out of range");
     c.compress_ratios.push_back(static_cast<int>(v));
   }
 
   auto rope_scaling = j.find("rope_scaling");
   if (rope_scaling != j.end() && !rope_scaling->is_null()) {
-    if (!rope_scaling->is_object()) return InvalidArgument("config.json: rope_scaling must be an object");
+    if (!rope_scaling->is_object())
+      return InvalidArgument("config.json: rope_scaling must be an object");
     std::string type;
     DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "type", &type, false));
     if (type.empty()) DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "rope_type", &type, false));
     if (type != "yarn") return InvalidArgument("config.json: rope_scaling type must be yarn");
     DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "factor", &c.yarn.factor, true));
-    DSINFER_RETURN_IF_ERROR(
-        ReadField(*rope_scaling, "original_max_position_embeddings", &c.yarn.original_seq_len, true));
+    DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "original_max_position_embeddings",
+                                      &c.yarn.original_seq_len, true));
     DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "beta_fast", &c.yarn.beta_fast, false));
     DSINFER_RETURN_IF_ERROR(ReadField(*rope_scaling, "beta_slow", &c.yarn.beta_slow, false));
   }
@@ -192,14 +214,16 @@ Result<ModelConfig> ModelConfig::FromJson(const json& j) {
     DSINFER_RETURN_IF_ERROR(ReadField(*quant, "fmt", &fmt, false));
     DSINFER_RETURN_IF_ERROR(ReadField(*quant, "scale_fmt", &scale_fmt, false));
     if (fmt != "e4m3" || scale_fmt != "ue8m0")
-      return InvalidArgument("config.json: quantization_config must be e4m3 weights with ue8m0 scales");
+      return InvalidArgument(
+          "config.json: quantization_config must be e4m3 weights with ue8m0 scales");
     auto block = quant->find("weight_block_size");
     if (block != quant->end()) {
       if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
           (*block)[0] != (*block)[1])
         return InvalidArgument("config.json: weight_block_size must be [B, B]");
       c.weight_block = (*block)[0].get<int>();
-      if (c.weight_block != 128) return InvalidArgument("config.json: V4 uses 128x128 weight blocks");
+      if (c.weight_block != 128)
+        return InvalidArgument("config.json: V4 uses 128x128 weight blocks");
     }
   }
   std::string expert_dtype = "fp4";
@@ -280,16 +304,23 @@ std::string ModelConfig::Summary() const {
   int n_csa = 0, n_hca = 0, n_swa = 0;
   for (int li = 0; li < n_layers; ++li) {
     switch (Attention(li)) {
-      case AttentionKind::kSlidingWindow: ++n_swa; break;
-      case AttentionKind::kCompressedSparse: ++n_csa; break;
-      case AttentionKind::kHeavilyCompressed: ++n_hca; break;
+      case AttentionKind::kSlidingWindow:
+        ++n_swa;
+        break;
+      case AttentionKind::kCompressedSparse:
+        ++n_csa;
+        break;
+      case AttentionKind::kHeavilyCompressed:
+        ++n_hca;
+        break;
     }
   }
-  os << "deepseek_v4: vocab " << vocab_size << ", hidden " << hidden << ", layers " << n_layers << " (" << n_swa
-     << " window, " << n_csa << " CSA, " << n_hca << " HCA; " << n_hash_layers << " hash-routed), mtp "
-     << n_mtp_layers << ", heads " << n_heads << "x" << head_dim << " (rope " << rope_dim << "), experts "
-     << n_routed_experts << " top-" << n_experts_per_tok << " inter " << moe_inter << (experts_fp4 ? " fp4" : " fp8")
-     << ", window " << window << ", hc " << hc_mult;
+  os << "deepseek_v4: vocab " << vocab_size << ", hidden " << hidden << ", layers " << n_layers
+     << " (" << n_swa << " window, " << n_csa << " CSA, " << n_hca << " HCA; " << n_hash_layers
+     << " hash-routed), mtp " << n_mtp_layers << ", heads " << n_heads << "x" << head_dim
+     << " (rope " << rope_dim << "), experts " << n_routed_experts << " top-" << n_experts_per_tok
+     << " inter " << moe_inter << (experts_fp4 ? " fp4" : " fp8") << ", window " << window
+     << ", hc " << hc_mult;
   return os.str();
 }
 
@@ -312,19 +343,23 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
   if (name == "tiny-a") {
     c.vocab_size = 1024, c.hidden = 128, c.n_layers = 4, c.compress_ratios = {0, 4, 128, 4, 0};
     c.n_hash_layers = 1, c.n_heads = 4, c.head_dim = 64, c.rope_dim = 16, c.q_lora_rank = 64;
-    c.o_groups = 2, c.o_lora_rank = 32, c.n_routed_experts = 8, c.n_experts_per_tok = 2, c.moe_inter = 64;
+    c.o_groups = 2, c.o_lora_rank = 32, c.n_routed_experts = 8, c.n_experts_per_tok = 2,
+    c.moe_inter = 64;
     c.window = 16, c.index_n_heads = 2, c.index_head_dim = 32, c.index_topk = 8, c.hc_mult = 4;
     c.n_mtp_layers = 1;
   } else if (name == "tiny-b") {
     c.vocab_size = 1536, c.hidden = 256, c.n_layers = 3, c.compress_ratios = {4, 128, 0, 0};
     c.n_hash_layers = 2, c.n_heads = 8, c.head_dim = 128, c.rope_dim = 32, c.q_lora_rank = 128;
-    c.o_groups = 4, c.o_lora_rank = 32, c.n_routed_experts = 16, c.n_experts_per_tok = 4, c.moe_inter = 32;
+    c.o_groups = 4, c.o_lora_rank = 32, c.n_routed_experts = 16, c.n_experts_per_tok = 4,
+    c.moe_inter = 32;
     c.window = 32, c.index_n_heads = 4, c.index_head_dim = 64, c.index_topk = 16, c.hc_mult = 2;
     c.n_mtp_layers = 1;
   } else if (name == "tiny-c") {
-    c.vocab_size = 2048, c.hidden = 128, c.n_layers = 6, c.compress_ratios = {0, 0, 4, 128, 4, 128, 0};
+    c.vocab_size = 2048, c.hidden = 128, c.n_layers = 6,
+    c.compress_ratios = {0, 0, 4, 128, 4, 128, 0};
     c.n_hash_layers = 3, c.n_heads = 2, c.head_dim = 64, c.rope_dim = 16, c.q_lora_rank = 32;
-    c.o_groups = 1, c.o_lora_rank = 64, c.n_routed_experts = 4, c.n_experts_per_tok = 3, c.moe_inter = 96;
+    c.o_groups = 1, c.o_lora_rank = 64, c.n_routed_experts = 4, c.n_experts_per_tok = 3,
+    c.moe_inter = 96;
     c.window = 8, c.index_n_heads = 2, c.index_head_dim = 32, c.index_topk = 4, c.hc_mult = 4;
     c.n_mtp_layers = 1;
   } else if (name == "demo") {
@@ -332,7 +367,8 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
     // every layer kind, small enough to serve instantly on a laptop.
     c.vocab_size = 129280, c.hidden = 256, c.n_layers = 4, c.compress_ratios = {0, 4, 128, 4, 0};
     c.n_hash_layers = 1, c.n_heads = 4, c.head_dim = 128, c.rope_dim = 32, c.q_lora_rank = 128;
-    c.o_groups = 2, c.o_lora_rank = 64, c.n_routed_experts = 16, c.n_experts_per_tok = 4, c.moe_inter = 128;
+    c.o_groups = 2, c.o_lora_rank = 64, c.n_routed_experts = 16, c.n_experts_per_tok = 4,
+    c.moe_inter = 128;
     c.window = 64, c.index_n_heads = 4, c.index_head_dim = 64, c.index_topk = 64, c.hc_mult = 4;
     c.n_mtp_layers = 1;
   } else if (name == "bench") {
@@ -341,7 +377,8 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
     c.vocab_size = 129280, c.hidden = 4096, c.n_layers = 3, c.compress_ratios = {0, 4, 128, 0};
     c.n_hash_layers = 1, c.n_heads = 64, c.head_dim = 512, c.rope_dim = 64, c.q_lora_rank = 1024;
     c.o_groups = 8, c.o_lora_rank = 1024, c.n_routed_experts = 256, c.n_experts_per_tok = 6;
-    c.moe_inter = 2048, c.window = 128, c.index_n_heads = 64, c.index_head_dim = 128, c.index_topk = 512;
+    c.moe_inter = 2048, c.window = 128, c.index_n_heads = 64, c.index_head_dim = 128,
+    c.index_topk = 512;
     c.hc_mult = 4, c.n_mtp_layers = 0;
   } else {
     return NotFound("unknown preset '" + name + "' (known: tiny-a, tiny-b, tiny-c, demo, bench)");

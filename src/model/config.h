@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
 
@@ -33,16 +32,16 @@ struct YarnConfig {
 struct ModelConfig {
   ModelFamily family = ModelFamily::kV4;
   int vocab_size = 0;
-  int hidden = 0;           // dim
-  int n_layers = 0;         // backbone layers (excludes MTP)
+  int hidden = 0;    // dim
+  int n_layers = 0;  // backbone layers (excludes MTP)
   int n_mtp_layers = 0;
   int n_heads = 0;
-  int head_dim = 0;         // 512 in V4-Flash; K = V = one latent of this size
-  int rope_dim = 0;         // qk_rope_head_dim: the LAST rope_dim dims of each head are rotated
+  int head_dim = 0;  // 512 in V4-Flash; K = V = one latent of this size
+  int rope_dim = 0;  // qk_rope_head_dim: the LAST rope_dim dims of each head are rotated
   int q_lora_rank = 0;
   int o_groups = 0;
   int o_lora_rank = 0;
-  int window = 0;           // sliding_window
+  int window = 0;  // sliding_window
   int n_routed_experts = 0;
   int n_shared_experts = 0;
   int n_experts_per_tok = 0;

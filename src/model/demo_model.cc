@@ -7,7 +7,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -27,7 +26,9 @@ struct SplitMix64 {
     return z ^ (z >> 31);
   }
   // Uniform in [-1, 1).
-  float Uniform() { return static_cast<float>(static_cast<int64_t>(Next() >> 40) - (1 << 23)) / (1 << 23); }
+  float Uniform() {
+    return static_cast<float>(static_cast<int64_t>(Next() >> 40) - (1 << 23)) / (1 << 23);
+  }
   // Approximately standard normal (Irwin-Hall of 4 uniforms, variance matched).
   float Normal() { return (Uniform() + Uniform() + Uniform() + Uniform()) * 0.8660254f; }
 };
@@ -39,7 +40,8 @@ uint64_t HashName(const std::string& s, uint64_t seed) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Standard deviation of a tensor's random values, chosen so activations keep unit scale
@@ -53,7 +55,8 @@ float InitStd(const std::string& name, const std::vector<int64_t>& shape, int hi
 }
 
 // Fills bytes for a plain (non-quantized) tensor.
-std::vector<uint8_t> PlainTensor(const TensorSpec& spec, const ModelConfig& c, uint64_t seed, ThreadPool& pool) {
+std::vector<uint8_t> PlainTensor(const TensorSpec& spec, const ModelConfig& c, uint64_t seed,
+                                 ThreadPool& pool) {
   int64_t n = 1;
   for (int64_t s : spec.shape) n *= s;
   DType dt = spec.dtypes[0];
@@ -129,14 +132,16 @@ void Fp8Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t see
       int64_t c0 = bc * 128, c1 = std::min(cols, c0 + 128);
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t cc = c0; cc < c1; ++cc) amax = std::max(amax, std::fabs(values[(r - r0) * cols + cc]));
+        for (int64_t cc = c0; cc < c1; ++cc)
+          amax = std::max(amax, std::fabs(values[(r - r0) * cols + cc]));
       int e = CeilLog2FromBits(std::max(amax, 1e-30f) / 448.0f);
       e = std::clamp(e, -126, 127);
       (*scales)[br * scols + bc] = static_cast<uint8_t>(e + 127);
       float inv = std::ldexp(1.0f, -e);
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t cc = c0; cc < c1; ++cc)
-          (*codes)[r * cols + cc] = F32ToE4M3(std::clamp(values[(r - r0) * cols + cc] * inv, -448.0f, 448.0f));
+          (*codes)[r * cols + cc] =
+              F32ToE4M3(std::clamp(values[(r - r0) * cols + cc] * inv, -448.0f, 448.0f));
     }
   });
 }
@@ -162,8 +167,10 @@ void Fp4Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t see
         std::memcpy(row + i, &bits, std::min<int64_t>(8, cols / 2 - i));
       }
       for (int64_t b = 0; b < cols / 32; ++b) {
-        int jitter = static_cast<int>(rng.Next() % 3) - 1;  // scales vary by block, as in real weights
-        (*scales)[r * (cols / 32) + b] = static_cast<uint8_t>(std::clamp(base_exp + jitter + 127, 1, 254));
+        int jitter =
+            static_cast<int>(rng.Next() % 3) - 1;  // scales vary by block, as in real weights
+        (*scales)[r * (cols / 32) + b] =
+            static_cast<uint8_t>(std::clamp(base_exp + jitter + 127, 1, 254));
       }
     }
   });
@@ -179,8 +186,8 @@ Status WriteText(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-Status WriteDemoModel(const ModelConfig& config, const std::string& dir, const DemoModelOptions& options,
-                      ThreadPool& pool) {
+Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
+                      const DemoModelOptions& options, ThreadPool& pool) {
   DSINFER_RETURN_IF_ERROR(config.Validate());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return IoError("cannot create directory " + dir + ": " + std::strerror(errno));
@@ -212,7 +219,8 @@ Status WriteDemoModel(const ModelConfig& config, const std::string& dir, const D
   nlohmann::json weight_map = nlohmann::json::object();
   char shard_name[64];
   for (size_t si = 0; si < shards.size(); ++si) {
-    std::snprintf(shard_name, sizeof(shard_name), "model-%05zu-of-%05zu.safetensors", si + 1, shards.size());
+    std::snprintf(shard_name, sizeof(shard_name), "model-%05zu-of-%05zu.safetensors", si + 1,
+                  shards.size());
     io::SafetensorsWriter writer;
     writer.SetMetadata("format", "pt");
     for (size_t i : shards[si]) {

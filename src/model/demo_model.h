@@ -20,7 +20,7 @@ struct DemoModelOptions {
   uint64_t max_shard_bytes = 0;
 };
 
-Status WriteDemoModel(const ModelConfig& config, const std::string& dir, const DemoModelOptions& options,
-                      ThreadPool& pool);
+Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
+                      const DemoModelOptions& options, ThreadPool& pool);
 
 }  // namespace dsinfer::model

@@ -24,7 +24,8 @@ void WalkHc(TensorWalker& w, const std::string& p, const std::string& kind, cons
             HcParams* hc) {
   int64_t rows = kind == "head" ? c.hc_mult : c.HcRows();
   std::string stem = kind == "head" ? p + "hc_head_" : p + "hc_" + kind + "_";
-  w.Plain(stem + "fn", {DType::kF32}, {rows, int64_t{c.hc_mult} * c.hidden}, hc ? &hc->fn : nullptr);
+  w.Plain(stem + "fn", {DType::kF32}, {rows, int64_t{c.hc_mult} * c.hidden},
+          hc ? &hc->fn : nullptr);
   w.Plain(stem + "base", {DType::kF32}, {rows}, hc ? &hc->base : nullptr);
   w.Plain(stem + "scale", {DType::kF32}, {kind == "head" ? 1 : 3}, hc ? &hc->scale : nullptr);
 }
@@ -40,7 +41,8 @@ void WalkCompressor(TensorWalker& w, const std::string& p, int ratio, int d, boo
 
 void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) {
   bool mtp = li >= c.n_layers;
-  std::string p = mtp ? "mtp." + std::to_string(li - c.n_layers) + "." : "layers." + std::to_string(li) + ".";
+  std::string p =
+      mtp ? "mtp." + std::to_string(li - c.n_layers) + "." : "layers." + std::to_string(li) + ".";
   int ratio = c.CompressRatio(li);
   int64_t d = c.hidden;
   if (lw) lw->layer_id = li, lw->compress_ratio = ratio;
@@ -62,18 +64,22 @@ void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) 
   w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
   w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
   w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
-  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank, h * hd / c.o_groups,
-           lw ? &lw->wo_a : nullptr);
-  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank, lw ? &lw->wo_b : nullptr);
+  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank,
+           h * hd / c.o_groups, lw ? &lw->wo_a : nullptr);
+  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank,
+           lw ? &lw->wo_b : nullptr);
   if (ratio > 0) {
-    WalkCompressor(w, a + "compressor.", ratio, c.head_dim, ratio == 4, c, lw ? &lw->compressor : nullptr);
+    WalkCompressor(w, a + "compressor.", ratio, c.head_dim, ratio == 4, c,
+                   lw ? &lw->compressor : nullptr);
   }
   if (ratio == 4) {
     std::string ix = a + "indexer.";
-    w.Matrix(ix + "wq_b", WeightFormat::kFp8Block, int64_t{c.index_n_heads} * c.index_head_dim, c.q_lora_rank,
-             lw ? &lw->indexer.wq_b : nullptr);
-    w.Matrix(ix + "weights_proj", WeightFormat::kBF16, c.index_n_heads, d, lw ? &lw->indexer.weights_proj : nullptr);
-    WalkCompressor(w, ix + "compressor.", 4, c.index_head_dim, true, c, lw ? &lw->indexer.compressor : nullptr);
+    w.Matrix(ix + "wq_b", WeightFormat::kFp8Block, int64_t{c.index_n_heads} * c.index_head_dim,
+             c.q_lora_rank, lw ? &lw->indexer.wq_b : nullptr);
+    w.Matrix(ix + "weights_proj", WeightFormat::kBF16, c.index_n_heads, d,
+             lw ? &lw->indexer.weights_proj : nullptr);
+    WalkCompressor(w, ix + "compressor.", 4, c.index_head_dim, true, c,
+                   lw ? &lw->indexer.compressor : nullptr);
   }
   if (mtp) {
     w.Plain(p + "norm.weight", {DType::kBF16}, {d}, lw ? &lw->norm : nullptr);
@@ -81,9 +87,12 @@ void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) 
   }
   std::string f = p + "ffn.";
   if (c.n_shared_experts > 0) {
-    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d, lw ? &lw->shared.w1 : nullptr);
-    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter, lw ? &lw->shared.w2 : nullptr);
-    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d, lw ? &lw->shared.w3 : nullptr);
+    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d,
+             lw ? &lw->shared.w1 : nullptr);
+    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter,
+             lw ? &lw->shared.w2 : nullptr);
+    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d,
+             lw ? &lw->shared.w3 : nullptr);
   }
   if (lw) lw->experts.resize(c.n_routed_experts);
   WeightFormat ef = c.experts_fp4 ? WeightFormat::kFp4Packed : WeightFormat::kFp8Block;
@@ -133,7 +142,9 @@ class SpecCollector : public TensorWalker {
         break;
       case WeightFormat::kFp8Block:
         specs.push_back({prefix + ".weight", {DType::kF8E4M3}, {rows, cols}});
-        specs.push_back({prefix + ".scale", {DType::kF8E8M0, DType::kF32}, {CeilDiv(rows, 128), CeilDiv(cols, 128)}});
+        specs.push_back({prefix + ".scale",
+                         {DType::kF8E8M0, DType::kF32},
+                         {CeilDiv(rows, 128), CeilDiv(cols, 128)}});
         break;
       case WeightFormat::kFp4Packed:
         specs.push_back({prefix + ".weight", {DType::kI8, DType::kU8}, {rows, cols / 2}});
@@ -167,7 +178,9 @@ class Binder : public TensorWalker {
     one.Matrix(prefix, format, rows, cols, nullptr);
     io::TensorRef weight, scale;
     if (!Check(one.specs[0].name, one.specs[0].dtypes, one.specs[0].shape, &weight)) return;
-    if (one.specs.size() > 1 && !Check(one.specs[1].name, one.specs[1].dtypes, one.specs[1].shape, &scale)) return;
+    if (one.specs.size() > 1 &&
+        !Check(one.specs[1].name, one.specs[1].dtypes, one.specs[1].shape, &scale))
+      return;
     out->format = format;
     out->data = weight.bytes.data();
     out->rows = rows;
@@ -192,8 +205,8 @@ class Binder : public TensorWalker {
   }
 
  private:
-  bool Check(const std::string& name, const std::vector<DType>& dtypes, const std::vector<int64_t>& shape,
-             io::TensorRef* ref) {
+  bool Check(const std::string& name, const std::vector<DType>& dtypes,
+             const std::vector<int64_t>& shape, io::TensorRef* ref) {
     *ref = ckpt_.Find(name);
     if (ref->info == nullptr) {
       status = NotFound("checkpoint " + ckpt_.dir() + " is missing tensor '" + name + "'");
@@ -203,9 +216,11 @@ class Binder : public TensorWalker {
     for (DType d : dtypes) dtype_ok = dtype_ok || d == ref->info->dtype;
     if (!dtype_ok) {
       std::string want;
-      for (DType d : dtypes) want += std::string(want.empty() ? "" : " or ") + std::string(SafetensorsName(d));
-      status = InvalidArgument("tensor '" + name + "' in " + *ref->file + " has dtype " +
-                               std::string(SafetensorsName(ref->info->dtype)) + ", expected " + want);
+      for (DType d : dtypes)
+        want += std::string(want.empty() ? "" : " or ") + std::string(SafetensorsName(d));
+      status =
+          InvalidArgument("tensor '" + name + "' in " + *ref->file + " has dtype " +
+                          std::string(SafetensorsName(ref->info->dtype)) + ", expected " + want);
       return false;
     }
     if (ref->info->shape != shape) {
@@ -214,8 +229,8 @@ class Binder : public TensorWalker {
         for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
         return out + "]";
       };
-      status = InvalidArgument("tensor '" + name + "' in " + *ref->file + " has shape " + fmt(ref->info->shape) +
-                               ", expected " + fmt(shape));
+      status = InvalidArgument("tensor '" + name + "' in " + *ref->file + " has shape " +
+                               fmt(ref->info->shape) + ", expected " + fmt(shape));
       return false;
     }
     return true;
@@ -226,7 +241,8 @@ class Binder : public TensorWalker {
 }  // namespace
 
 float WeightMatrix::Scale(int64_t r, int64_t c) const {
-  int64_t idx = format == WeightFormat::kFp4Packed ? r * scale_cols + c / 32 : (r / 128) * scale_cols + c / 128;
+  int64_t idx = format == WeightFormat::kFp4Packed ? r * scale_cols + c / 32
+                                                   : (r / 128) * scale_cols + c / 128;
   if (scale_dtype == DType::kF32) {
     float v;
     std::memcpy(&v, scales + idx * 4, 4);
@@ -237,10 +253,14 @@ float WeightMatrix::Scale(int64_t r, int64_t c) const {
 
 int64_t WeightMatrix::Bytes() const {
   switch (format) {
-    case WeightFormat::kF32: return rows * cols * 4;
-    case WeightFormat::kBF16: return rows * cols * 2;
-    case WeightFormat::kFp8Block: return rows * cols + CeilDiv(rows, 128) * CeilDiv(cols, 128);
-    case WeightFormat::kFp4Packed: return rows * cols / 2 + rows * cols / 32;
+    case WeightFormat::kF32:
+      return rows * cols * 4;
+    case WeightFormat::kBF16:
+      return rows * cols * 2;
+    case WeightFormat::kFp8Block:
+      return rows * cols + CeilDiv(rows, 128) * CeilDiv(cols, 128);
+    case WeightFormat::kFp4Packed:
+      return rows * cols / 2 + rows * cols / 32;
   }
   return 0;
 }
@@ -279,8 +299,8 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config) {
   return std::move(collector.specs);
 }
 
-Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(const ModelConfig& config,
-                                                         std::unique_ptr<io::Checkpoint> checkpoint) {
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(
+    const ModelConfig& config, std::unique_ptr<io::Checkpoint> checkpoint) {
   auto mw = std::unique_ptr<ModelWeights>(new ModelWeights());
   mw->config_ = config;
   mw->checkpoint_ = std::move(checkpoint);
@@ -296,8 +316,9 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(const ModelConfig& conf
     for (int64_t i = 0; i < n; ++i) {
       int64_t e = layer.tid2eid.IntAt(i);
       if (e < 0 || e >= config.n_routed_experts)
-        return InvalidArgument("tensor '" + layer.tid2eid.name + "' holds expert id " + std::to_string(e) +
-                               " outside [0, " + std::to_string(config.n_routed_experts) + ")");
+        return InvalidArgument("tensor '" + layer.tid2eid.name + "' holds expert id " +
+                               std::to_string(e) + " outside [0, " +
+                               std::to_string(config.n_routed_experts) + ")");
     }
   }
   return mw;

@@ -32,8 +32,8 @@ struct WeightMatrix {
   DType scale_dtype = DType::kF8E8M0;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t scale_cols = 0;   // row stride of the scale grid
-  int block = 128;          // FP8: square block edge; FP4: K block (32)
+  int64_t scale_cols = 0;  // row stride of the scale grid
+  int block = 128;         // FP8: square block edge; FP4: K block (32)
   std::string name;
 
   bool valid() const { return data != nullptr; }
@@ -50,7 +50,7 @@ struct TensorView {
   std::string name;
   bool valid() const { return data != nullptr; }
   int64_t NumElements() const;
-  float F32At(int64_t i) const;   // F32 / BF16 element as fp32
+  float F32At(int64_t i) const;    // F32 / BF16 element as fp32
   int64_t IntAt(int64_t i) const;  // I32 / I64 element
 };
 
@@ -68,8 +68,8 @@ struct CompressorWeights {
 };
 
 struct IndexerWeights {
-  WeightMatrix wq_b;          // [index_heads*index_head_dim, q_lora] fp8
-  WeightMatrix weights_proj;  // [index_heads, hidden] bf16
+  WeightMatrix wq_b;             // [index_heads*index_head_dim, q_lora] fp8
+  WeightMatrix weights_proj;     // [index_heads, hidden] bf16
   CompressorWeights compressor;  // d = index_head_dim, overlap (coff = 2)
 };
 
@@ -119,9 +119,9 @@ class ModelWeights {
   const ModelConfig& config() const { return config_; }
   const io::Checkpoint& checkpoint() const { return *checkpoint_; }
 
-  TensorView embed;  // [vocab, hidden] bf16
-  WeightMatrix head; // [vocab, hidden] bf16 (fp32 logits)
-  TensorView norm;   // [hidden] bf16
+  TensorView embed;   // [vocab, hidden] bf16
+  WeightMatrix head;  // [vocab, hidden] bf16 (fp32 logits)
+  TensorView norm;    // [hidden] bf16
   HcParams hc_head;
   std::vector<LayerWeights> layers;  // backbone then MTP
 

@@ -41,11 +41,13 @@ struct Sequence {
   std::vector<int32_t> tokens;           // prompt + generated: what the state must consume
   std::vector<int32_t> generated;
   int64_t n_prompt = 0;
-  bool forked = false;                   // n > 1 copies already made
-  uint64_t arrival = 0;                  // FCFS order
+  bool forked = false;   // n > 1 copies already made
+  uint64_t arrival = 0;  // FCFS order
 };
 
-uint64_t SampleSeed(uint64_t seed, int index) { return seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index); }
+uint64_t SampleSeed(uint64_t seed, int index) {
+  return seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index);
+}
 
 int64_t DefaultKvBudget() {
   long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
@@ -105,6 +107,18 @@ struct Engine::Impl {
     s.state.reset();
   }
 
+  // Tokens of s to run this step: what remains, within the budget, ending at the next
+  // prefix-cache boundary while in the prompt (so a snapshot can be taken after the step).
+  int64_t ChunkSize(const Sequence& s, int64_t budget) const {
+    int64_t pos = s.state->n_tokens;
+    int64_t n = std::min(static_cast<int64_t>(s.tokens.size()) - pos, budget);
+    if (options.enable_prefix_cache && pos < s.n_prompt - 1) {
+      int64_t block = options.prefix_block_tokens;
+      n = std::min(n, std::min<int64_t>((pos / block + 1) * block, s.n_prompt - 1) - pos);
+    }
+    return n;
+  }
+
   void Loop();
   bool Step();
   void Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts, int64_t& budget);
@@ -119,7 +133,9 @@ void Engine::Impl::PublishStats() {
   stats.n_waiting = static_cast<int>(waiting.size() + incoming.size());
   stats.kv_bytes_used = UsedBytes();
   stats.kv_bytes_budget = options.kv_cache_bytes;
-  stats.kv_usage = options.kv_cache_bytes > 0 ? static_cast<double>(stats.kv_bytes_used) / options.kv_cache_bytes : 0;
+  stats.kv_usage = options.kv_cache_bytes > 0
+                       ? static_cast<double>(stats.kv_bytes_used) / options.kv_cache_bytes
+                       : 0;
   stats.prefix_cache_queries = cache_queries;
   stats.prefix_cache_hits = cache_hits;
   stats.prompt_tokens_total = prompt_tokens;
@@ -155,7 +171,8 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
     banned = p.stop_token_ids;
     if (!p.ignore_eos) banned.push_back(eos);
   }
-  LogitsAdjustments adj{p.presence_penalty, p.frequency_penalty, p.repetition_penalty, &p.logit_bias, &banned};
+  LogitsAdjustments adj{p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
+                        &p.logit_bias, &banned};
   AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), s.generated);
   SamplingParams sp = p.sampling;
   sp.seed = SampleSeed(s.req->seed, s.index);
@@ -165,8 +182,9 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   ev.index = s.index;
   ev.queued_at = s.req->queued_at;
   ev.scheduled_at = s.req->scheduled_at;
-  bool is_stop = (!p.ignore_eos && tok == eos) ||
-                 std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+  bool is_stop =
+      (!p.ignore_eos && tok == eos) ||
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
   s.req->usage.completion_tokens++;
   ++generation_tokens;
   s.generated.push_back(tok);
@@ -196,14 +214,16 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   s.req->stream->Push(std::move(ev));
 }
 
-void Engine::Impl::Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts, int64_t& budget) {
+void Engine::Impl::Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts,
+                         int64_t& budget) {
   while (!waiting.empty() && budget > 0 && static_cast<int>(batch.size()) < options.max_num_seqs &&
          static_cast<int>(running.size()) < options.max_num_seqs) {
     Sequence& s = *waiting.front();
     // A (re)admitted sequence needs its whole context's state; wait while it does not fit.
     int64_t need = model->StateBytesAt(static_cast<int64_t>(s.tokens.size()));
     if (UsedBytes() + need > options.kv_cache_bytes) {
-      prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - need - (UsedBytes() - prefix_cache.bytes())));
+      prefix_cache.EvictTo(std::max<int64_t>(
+          0, options.kv_cache_bytes - need - (UsedBytes() - prefix_cache.bytes())));
       if (UsedBytes() + need > options.kv_cache_bytes) break;
     }
     s.state = model->NewSequence();
@@ -226,15 +246,7 @@ void Engine::Impl::Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& co
     running.push_back(std::move(waiting.front()));
     waiting.pop_front();
     Sequence& r = *running.back();
-    int64_t remaining = static_cast<int64_t>(r.tokens.size()) - r.state->n_tokens;
-    int64_t n = std::min(remaining, budget);
-    // Prefill chunks end at prefix-cache boundaries so snapshots can be taken after the step.
-    int64_t pos = r.state->n_tokens;
-    if (options.enable_prefix_cache && pos < r.n_prompt - 1) {
-      int64_t next = std::min<int64_t>((pos / options.prefix_block_tokens + 1) * options.prefix_block_tokens,
-                                       r.n_prompt - 1);
-      n = std::min(n, next - pos);
-    }
+    int64_t n = ChunkSize(r, budget);
     batch.push_back(&r);
     counts.push_back(n);
     budget -= n;
@@ -275,13 +287,7 @@ bool Engine::Impl::Step() {
       bool is_decode = remaining == 1;
       if ((pass == 0) != is_decode || remaining <= 0 || budget <= 0) continue;
       if (static_cast<int>(batch.size()) >= options.max_num_seqs) break;
-      int64_t n = std::min(remaining, budget);
-      int64_t pos = s.state->n_tokens;
-      if (options.enable_prefix_cache && pos < s.n_prompt - 1) {
-        int64_t next = std::min<int64_t>((pos / options.prefix_block_tokens + 1) * options.prefix_block_tokens,
-                                         s.n_prompt - 1);
-        n = std::min(n, next - pos);
-      }
+      int64_t n = ChunkSize(s, budget);
       batch.push_back(&s);
       counts.push_back(n);
       budget -= n;
@@ -294,7 +300,8 @@ bool Engine::Impl::Step() {
   auto growth = [&] {
     int64_t g = 0;
     for (size_t i = 0; i < batch.size(); ++i)
-      g += model->StateBytesAt(batch[i]->state->n_tokens + counts[i]) - model->StateBytesAt(batch[i]->state->n_tokens);
+      g += model->StateBytesAt(batch[i]->state->n_tokens + counts[i]) -
+           model->StateBytesAt(batch[i]->state->n_tokens);
     return g;
   };
   while (!batch.empty() && UsedBytes() + growth() > options.kv_cache_bytes) {
@@ -304,8 +311,9 @@ bool Engine::Impl::Step() {
       continue;
     }
     if (running.size() <= 1) break;  // admission guaranteed a lone sequence fits
-    auto victim = std::max_element(running.begin(), running.end(),
-                                   [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+    auto victim =
+        std::max_element(running.begin(), running.end(),
+                         [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
     Sequence* v = victim->get();
     auto bi = std::find(batch.begin(), batch.end(), v);
     if (bi != batch.end()) {
@@ -412,17 +420,21 @@ Engine::~Engine() {
   }
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights, EngineOptions options) {
+Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,
+                                               EngineOptions options) {
   if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 || options.max_queue < 1 ||
       options.prefix_block_tokens < 1)
-    return InvalidArgument("engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
+    return InvalidArgument(
+        "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = DefaultKvBudget();
   auto impl = std::make_unique<Impl>(weights, options);
-  DSINFER_ASSIGN_OR_RETURN(impl->model, backend::cpu::CpuModel::Create(weights, options.numerics, impl->pool));
+  DSINFER_ASSIGN_OR_RETURN(impl->model,
+                           backend::cpu::CpuModel::Create(weights, options.numerics, impl->pool));
   int64_t one = impl->model->StateBytesAt(1);
   if (one > options.kv_cache_bytes)
     return ResourceExhausted("KV budget of " + std::to_string(options.kv_cache_bytes) +
-                             " bytes cannot hold even one sequence (" + std::to_string(one) + " bytes)");
+                             " bytes cannot hold even one sequence (" + std::to_string(one) +
+                             " bytes)");
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(impl)));
   Impl* p = engine->impl_.get();
   p->thread = std::thread([p] { p->Loop(); });
@@ -443,17 +455,21 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   if (params.n < 1 || params.n > 16) return InvalidArgument("n must be in [1, 16]");
   if (params.top_logprobs > 20) return InvalidArgument("top_logprobs must be <= 20");
   const auto& sp = params.sampling;
-  if (!(sp.temperature >= 0) || !(sp.top_p > 0 && sp.top_p <= 1) || sp.top_k < 0 || !(sp.min_p >= 0 && sp.min_p <= 1))
+  if (!(sp.temperature >= 0) || !(sp.top_p > 0 && sp.top_p <= 1) || sp.top_k < 0 ||
+      !(sp.min_p >= 0 && sp.min_p <= 1))
     return InvalidArgument("invalid sampling parameters");
   if (!(params.repetition_penalty > 0)) return InvalidArgument("repetition_penalty must be > 0");
   const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
-  if (impl_->options.max_model_len > 0 && static_cast<int64_t>(params.prompt.size()) >= impl_->options.max_model_len)
-    return InvalidArgument("prompt of " + std::to_string(params.prompt.size()) + " tokens exceeds max_model_len " +
+  if (impl_->options.max_model_len > 0 &&
+      static_cast<int64_t>(params.prompt.size()) >= impl_->options.max_model_len)
+    return InvalidArgument("prompt of " + std::to_string(params.prompt.size()) +
+                           " tokens exceeds max_model_len " +
                            std::to_string(impl_->options.max_model_len));
   int64_t need = impl_->model->StateBytesAt(total);
   if (need > impl_->options.kv_cache_bytes)
-    return ResourceExhausted("request needs " + std::to_string(need) + " bytes of sequence state, more than the KV " +
-                             "budget of " + std::to_string(impl_->options.kv_cache_bytes) + " bytes");
+    return ResourceExhausted("request needs " + std::to_string(need) +
+                             " bytes of sequence state, more than the KV " + "budget of " +
+                             std::to_string(impl_->options.kv_cache_bytes) + " bytes");
   auto req = std::make_shared<Request>();
   if (params.request_id.empty()) {
     static_assert(sizeof(uintptr_t) <= 8);
@@ -466,7 +482,8 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->stopping || impl_->draining) return FailedPrecondition("engine is shutting down");
-    if (static_cast<int>(impl_->incoming.size()) + impl_->engine_waiting >= impl_->options.max_queue)
+    if (static_cast<int>(impl_->incoming.size()) + impl_->engine_waiting >=
+        impl_->options.max_queue)
       return ResourceExhausted("request queue is full");
     impl_->incoming.push_back(req);
   }

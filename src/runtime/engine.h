@@ -31,19 +31,19 @@ enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error"
 
 struct RequestParams {
-  std::vector<int32_t> prompt;          // token ids, non-empty
-  SamplingParams sampling;              // temperature, top_p, top_k, min_p, seed
-  double presence_penalty = 0.0;        // OpenAI semantics, over generated tokens
+  std::vector<int32_t> prompt;    // token ids, non-empty
+  SamplingParams sampling;        // temperature, top_p, top_k, min_p, seed
+  double presence_penalty = 0.0;  // OpenAI semantics, over generated tokens
   double frequency_penalty = 0.0;
-  double repetition_penalty = 1.0;      // HF/vLLM semantics, over prompt + generated tokens
+  double repetition_penalty = 1.0;  // HF/vLLM semantics, over prompt + generated tokens
   std::vector<std::pair<int32_t, float>> logit_bias;
   int max_tokens = 256;
   int min_tokens = 0;                   // EOS / stop ids are masked until this many tokens
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS
   bool ignore_eos = false;
-  int n = 1;                            // parallel samples sharing the prompt's KV
-  int top_logprobs = -1;                // -1: no logprobs; 0..20: logprob of the sampled token + top-k
-  std::string request_id;               // for logs/metrics; assigned if empty
+  int n = 1;               // parallel samples sharing the prompt's KV
+  int top_logprobs = -1;   // -1: no logprobs; 0..20: logprob of the sampled token + top-k
+  std::string request_id;  // for logs/metrics; assigned if empty
 };
 
 struct TokenLogprob {
@@ -61,13 +61,13 @@ struct Usage {
 // One event of a request's stream. Token events carry new tokens of sample `index`; the final
 // event of each sample has finished = true and a finish reason; usage is filled on every event.
 struct StreamEvent {
-  int index = 0;                         // sample index in [0, n)
-  std::vector<int32_t> tokens;           // newly generated tokens (usually one)
-  std::vector<TokenLogprob> logprobs;    // parallel to tokens when requested
+  int index = 0;                       // sample index in [0, n)
+  std::vector<int32_t> tokens;         // newly generated tokens (usually one)
+  std::vector<TokenLogprob> logprobs;  // parallel to tokens when requested
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;
-  Status error;                          // non-ok only with finish_reason kError
+  Status error;  // non-ok only with finish_reason kError
   // Timing for metrics (engine clock): when the request was queued / first scheduled.
   std::chrono::steady_clock::time_point queued_at, scheduled_at;
 };
@@ -78,7 +78,8 @@ class RequestStream {
   explicit RequestStream(std::string id) : id_(std::move(id)) {}
   const std::string& id() const { return id_; }
   // Blocks until an event is available or the timeout passes (nullopt on timeout).
-  std::optional<StreamEvent> Next(std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
+  std::optional<StreamEvent> Next(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(60000));
   // Asks the engine to stop this request; resources are freed at its next step.
   void Cancel();
   bool cancelled() const;
@@ -97,24 +98,24 @@ class RequestStream {
 
 struct EngineOptions {
   backend::Numerics numerics = backend::Numerics::Official();
-  int n_threads = 0;                    // compute threads (0: all cores)
-  int max_num_seqs = 64;                // sequences per step
-  int max_num_batched_tokens = 2048;    // tokens per step (prefill chunks + decodes)
-  int64_t kv_cache_bytes = 0;           // byte budget for sequence state + prefix cache (0: 25% of RAM)
-  int max_queue = 1024;                 // waiting requests before Submit returns ResourceExhausted
-  int64_t max_model_len = 0;            // 0: unlimited (state grows with context)
+  int n_threads = 0;                  // compute threads (0: all cores)
+  int max_num_seqs = 64;              // sequences per step
+  int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  int64_t kv_cache_bytes = 0;  // byte budget for sequence state + prefix cache (0: 25% of RAM)
+  int max_queue = 1024;        // waiting requests before Submit returns ResourceExhausted
+  int64_t max_model_len = 0;   // 0: unlimited (state grows with context)
   bool enable_prefix_cache = true;
-  int prefix_block_tokens = 128;        // prefix-cache checkpoint granularity
+  int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
 };
 
 struct EngineStats {
   int n_running = 0;
   int n_waiting = 0;
-  double kv_usage = 0.0;                // fraction of kv_cache_bytes in use
+  double kv_usage = 0.0;  // fraction of kv_cache_bytes in use
   int64_t kv_bytes_used = 0;
   int64_t kv_bytes_budget = 0;
-  int64_t prefix_cache_queries = 0;     // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;        // prompt tokens found
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // prompt tokens found
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t preemptions_total = 0;
@@ -124,7 +125,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights, EngineOptions options);
+  static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights,
+                                                EngineOptions options);
   ~Engine();  // stops the engine thread (aborting running requests)
 
   // Validates and enqueues a request. Errors: InvalidArgument (empty prompt, token outside the

@@ -5,7 +5,8 @@
 namespace dsinfer::runtime {
 
 uint64_t PrefixCache::Extend(uint64_t h, int32_t token) {
-  uint64_t x = h ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  uint64_t x = h ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x9e3779b97f4a7c15ull +
+                    (h << 6) + (h >> 2));
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
@@ -20,7 +21,8 @@ const PrefixCache::Entry* PrefixCache::Lookup(std::span<const int32_t> ids, int6
     auto it = by_hash_.find(h);
     if (it == by_hash_.end()) continue;
     const Entry& e = *it->second;
-    if (static_cast<int64_t>(e.tokens.size()) == i + 1 && std::equal(e.tokens.begin(), e.tokens.end(), ids.begin()))
+    if (static_cast<int64_t>(e.tokens.size()) == i + 1 &&
+        std::equal(e.tokens.begin(), e.tokens.end(), ids.begin()))
       best = it->second;
   }
   if (best == lru_.end()) return nullptr;
@@ -32,12 +34,12 @@ bool PrefixCache::Contains(std::span<const int32_t> prefix) const {
   uint64_t h = 0x243f6a8885a308d3ull;
   for (int32_t t : prefix) h = Extend(h, t);
   auto it = by_hash_.find(h);
-  return it != by_hash_.end() && std::equal(prefix.begin(), prefix.end(), it->second->tokens.begin(),
-                                            it->second->tokens.end());
+  return it != by_hash_.end() && std::equal(prefix.begin(), prefix.end(),
+                                            it->second->tokens.begin(), it->second->tokens.end());
 }
 
-void PrefixCache::Insert(std::span<const int32_t> prefix, std::shared_ptr<const backend::cpu::SequenceState> state,
-                         int64_t bytes) {
+void PrefixCache::Insert(std::span<const int32_t> prefix,
+                         std::shared_ptr<const backend::cpu::SequenceState> state, int64_t bytes) {
   if (prefix.empty() || Contains(prefix)) return;
   uint64_t h = 0x243f6a8885a308d3ull;
   for (int32_t t : prefix) h = Extend(h, t);

@@ -28,8 +28,8 @@ class PrefixCache {
   // Longest cached prefix of ids with length <= max_tokens, or nullptr. Marks it recently used.
   const Entry* Lookup(std::span<const int32_t> ids, int64_t max_tokens);
   bool Contains(std::span<const int32_t> prefix) const;
-  void Insert(std::span<const int32_t> prefix, std::shared_ptr<const backend::cpu::SequenceState> state,
-              int64_t bytes);
+  void Insert(std::span<const int32_t> prefix,
+              std::shared_ptr<const backend::cpu::SequenceState> state, int64_t bytes);
   // Evicts least recently used entries until bytes() <= target_bytes.
   void EvictTo(int64_t target_bytes);
   int64_t bytes() const { return bytes_; }

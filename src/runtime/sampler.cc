@@ -7,7 +7,8 @@
 namespace dsinfer::runtime {
 
 double UniformFromCounter(uint64_t seed, uint64_t counter) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + counter * 0xd1b54a32d192ed03ull + 0x632be59bd9b4e019ull;
+  uint64_t z =
+      seed * 0x9e3779b97f4a7c15ull + counter * 0xd1b54a32d192ed03ull + 0x632be59bd9b4e019ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -64,8 +65,8 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   return order[keep - 1];
 }
 
-void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj, std::span<const int32_t> prompt,
-                  std::span<const int32_t> generated) {
+void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj,
+                  std::span<const int32_t> prompt, std::span<const int32_t> generated) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   if (adj.repetition_penalty != 1.0) {
     std::vector<bool> seen(vocab, false);

@@ -12,7 +12,7 @@ namespace dsinfer::runtime {
 struct SamplingParams {
   double temperature = 1.0;  // 0 -> greedy
   double top_p = 1.0;
-  int top_k = 0;             // 0 -> disabled
+  int top_k = 0;  // 0 -> disabled
   double min_p = 0.0;
   uint64_t seed = 0;
   bool has_seed = false;  // false: the engine draws a seed per request
@@ -28,8 +28,8 @@ struct LogitsAdjustments {
 };
 
 // prompt: the request's prompt ids; generated: ids sampled so far.
-void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj, std::span<const int32_t> prompt,
-                  std::span<const int32_t> generated);
+void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj,
+                  std::span<const int32_t> prompt, std::span<const int32_t> generated);
 
 // log_softmax(logits)[token] and the top-k (token, logprob) pairs, best first.
 float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer = nullptr);

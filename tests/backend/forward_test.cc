@@ -19,14 +19,16 @@ std::vector<int32_t> RandomIds(int n, int vocab, uint32_t seed) {
   return ids;
 }
 
-std::vector<float> RunChunks(CpuModel& m, const std::vector<int32_t>& ids, const std::vector<int>& chunks) {
+std::vector<float> RunChunks(CpuModel& m, const std::vector<int32_t>& ids,
+                             const std::vector<int>& chunks) {
   auto state = m.NewSequence();
   std::vector<float> all;
   size_t i = 0, c = 0;
   while (i < ids.size()) {
     size_t n = std::min<size_t>(chunks[std::min(c, chunks.size() - 1)], ids.size() - i);
     ForwardOutput out;
-    Status st = m.Forward(*state, std::span<const int32_t>(ids.data() + i, n), {.all_logits = true}, &out);
+    Status st =
+        m.Forward(*state, std::span<const int32_t>(ids.data() + i, n), {.all_logits = true}, &out);
     EXPECT_TRUE(st.ok()) << st.ToString();
     all.insert(all.end(), out.logits.begin(), out.logits.end());
     i += n, ++c;
@@ -44,7 +46,8 @@ class ForwardInvariance : public ::testing::TestWithParam<Case> {};
 TEST_P(ForwardInvariance, ChunkedPrefillAndDecodeEqualOneShot) {
   const auto& w = dsinfer::testing::PresetWeights(GetParam().preset);
   ThreadPool pool(2);
-  auto m = CpuModel::Create(w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
+  auto m = CpuModel::Create(
+      w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
   ASSERT_TRUE(m.ok());
   // Long enough for ratio-128 rows and for the indexer to select (visible rows > index_topk).
   auto ids = RandomIds(300, w.config().vocab_size, 7);
@@ -63,7 +66,8 @@ TEST_P(ForwardInvariance, ChunkedPrefillAndDecodeEqualOneShot) {
 TEST_P(ForwardInvariance, ResetGivesAFreshSequence) {
   const auto& w = dsinfer::testing::PresetWeights(GetParam().preset);
   ThreadPool pool(2);
-  auto m = CpuModel::Create(w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
+  auto m = CpuModel::Create(
+      w, GetParam().official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
   ASSERT_TRUE(m.ok());
   auto a = RandomIds(133, w.config().vocab_size, 1), b = RandomIds(9, w.config().vocab_size, 2);
   auto state = (*m)->NewSequence();
@@ -77,10 +81,11 @@ TEST_P(ForwardInvariance, ResetGivesAFreshSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ForwardInvariance,
-                         ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false}, Case{"tiny-b", true},
-                                           Case{"tiny-c", false}),
+                         ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false},
+                                           Case{"tiny-b", true}, Case{"tiny-c", false}),
                          [](const auto& param_info) {
-                           std::string n = param_info.param.preset + (param_info.param.official ? "_official" : "_fp32");
+                           std::string n = param_info.param.preset +
+                                           (param_info.param.official ? "_official" : "_fp32");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
@@ -166,8 +171,10 @@ TEST(Forward, OfficialNumericsStayCloseToFp32Reference) {
     double d = a[v] - b[v];
     num0 += d * d, den0 += static_cast<double>(b[v]) * b[v];
   }
-  std::printf("official vs fp32-reference on tiny-a: position 0 NMSE %.3g; 300 positions NMSE %.3g, top-1 "
-              "agreement %d/300\n", num0 / den0, nmse, argmax_agree);
+  std::printf(
+      "official vs fp32-reference on tiny-a: position 0 NMSE %.3g; 300 positions NMSE %.3g, top-1 "
+      "agreement %d/300\n",
+      num0 / den0, nmse, argmax_agree);
   EXPECT_LT(num0 / den0, 2e-2);
   EXPECT_GT(num0 / den0, 1e-7);
   EXPECT_LT(nmse, 0.3);
@@ -203,8 +210,11 @@ TEST(Forward, MtpChunkingIsExactAndLogitsAreFinite) {
   auto s1 = (*m)->NewSequence();
   ASSERT_TRUE((*m)->ForwardMtp(*s1, hidden, next, &one_shot).ok());
   auto s2 = (*m)->NewSequence();
-  ASSERT_TRUE((*m)->ForwardMtp(*s2, hidden.subspan(0, 20 * HD), std::span(next).subspan(0, 20), &part1).ok());
-  ASSERT_TRUE((*m)->ForwardMtp(*s2, hidden.subspan(20 * HD), std::span(next).subspan(20), &part2).ok());
+  ASSERT_TRUE(
+      (*m)->ForwardMtp(*s2, hidden.subspan(0, 20 * HD), std::span(next).subspan(0, 20), &part1)
+          .ok());
+  ASSERT_TRUE(
+      (*m)->ForwardMtp(*s2, hidden.subspan(20 * HD), std::span(next).subspan(20), &part2).ok());
   part1.insert(part1.end(), part2.begin(), part2.end());
   EXPECT_EQ(one_shot, part1);
   for (float v : one_shot) ASSERT_TRUE(std::isfinite(v));

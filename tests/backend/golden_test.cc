@@ -30,7 +30,8 @@ uint64_t Fnv1a(const std::string& path) {
   char buf[1 << 16];
   while (in) {
     in.read(buf, sizeof(buf));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ull;
+    for (std::streamsize i = 0; i < in.gcount(); ++i)
+      h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ull;
   }
   return h;
 }
@@ -60,7 +61,8 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
       uint64_t got = Fnv1a(weights.checkpoint().dir() + "/" + file);
       char hex[32];
       std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(got));
-      EXPECT_EQ(std::string(hex), hash.get<std::string>()) << file << ": create-demo-model output changed";
+      EXPECT_EQ(std::string(hex), hash.get<std::string>())
+          << file << ": create-demo-model output changed";
     }
   }
   auto golden = io::SafetensorsFile::Open(dir + "/golden.safetensors");
@@ -90,8 +92,10 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
       std::vector<int32_t> next(ids.begin() + 1, ids.end());
       std::vector<float> mtp;
       auto mtp_state = (*m)->NewSequence();
-      ASSERT_TRUE((*m)->ForwardMtp(*mtp_state, std::span<const float>(out.hidden.data(), next.size() * HD), next,
-                                   &mtp).ok());
+      ASSERT_TRUE((*m)->ForwardMtp(*mtp_state,
+                                   std::span<const float>(out.hidden.data(), next.size() * HD),
+                                   next, &mtp)
+                      .ok());
       double worst = 0;
       for (size_t i = 0; i < mtp_positions.size(); ++i) {
         const float* a = mtp.data() + static_cast<int64_t>(mtp_positions[i]) * V;
@@ -103,8 +107,8 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
         }
         worst = std::max(worst, num / std::max(den, 1e-30));
       }
-      std::printf("[%s prompt %d] MTP logits NMSE %.3g (%.2f%% of budget)\n", preset.c_str(), k, worst,
-                  100 * worst / tolerance::kMtpLogitsNmse);
+      std::printf("[%s prompt %d] MTP logits NMSE %.3g (%.2f%% of budget)\n", preset.c_str(), k,
+                  worst, 100 * worst / tolerance::kMtpLogitsNmse);
       EXPECT_LE(worst, tolerance::kMtpLogitsNmse) << preset << " prompt " << k << " MTP";
     }
     double worst_nmse = 0, worst_rel = 0;
@@ -121,9 +125,11 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
       worst_nmse = std::max(worst_nmse, num / std::max(den, 1e-30));
       worst_rel = std::max(worst_rel, maxdiff / std::max(maxabs_b, 1e-30));
     }
-    std::printf("[%s prompt %d, %zu tokens] logits NMSE %.3g (%.2f%% of budget), max rel err %.3g (%.2f%% of budget)\n",
-                preset.c_str(), k, ids.size(), worst_nmse, 100 * worst_nmse / tolerance::kGoldenLogitsNmse, worst_rel,
-                100 * worst_rel / tolerance::kGoldenLogitsMaxRel);
+    std::printf(
+        "[%s prompt %d, %zu tokens] logits NMSE %.3g (%.2f%% of budget), max rel err %.3g (%.2f%% "
+        "of budget)\n",
+        preset.c_str(), k, ids.size(), worst_nmse, 100 * worst_nmse / tolerance::kGoldenLogitsNmse,
+        worst_rel, 100 * worst_rel / tolerance::kGoldenLogitsMaxRel);
     EXPECT_LE(worst_nmse, tolerance::kGoldenLogitsNmse) << preset << " prompt " << k;
     EXPECT_LE(worst_rel, tolerance::kGoldenLogitsMaxRel) << preset << " prompt " << k;
 
@@ -136,9 +142,9 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
       int32_t tok = runtime::ArgMax(logits);
       if (tok != greedy[s]) {
         bool tie = s < margin.size() && margin[s] < tolerance::kGreedyTieMargin;
-        EXPECT_TRUE(tie) << preset << " prompt " << k << ": greedy diverged at step " << s << " (got " << tok
-                         << ", want " << greedy[s] << ", reference margin " << (s < margin.size() ? margin[s] : -1)
-                         << ")";
+        EXPECT_TRUE(tie) << preset << " prompt " << k << ": greedy diverged at step " << s
+                         << " (got " << tok << ", want " << greedy[s] << ", reference margin "
+                         << (s < margin.size() ? margin[s] : -1) << ")";
         n_ties += tie;
         exact = false;
         break;
@@ -150,8 +156,8 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
     n_greedy_exact += exact;
   }
   EXPECT_GE(n_prompts, 8);
-  std::printf("[%s] %d/%d greedy continuations identical, %d stopped at a reference near-tie\n", preset.c_str(),
-              n_greedy_exact, n_prompts, n_ties);
+  std::printf("[%s] %d/%d greedy continuations identical, %d stopped at a reference near-tie\n",
+              preset.c_str(), n_greedy_exact, n_prompts, n_ties);
 }
 
 // The official quantization steps (act_quant before FP8/FP4 linears, FP8 KV round trip, indexer
@@ -195,15 +201,18 @@ TEST_P(Golden, QuantizationStepsMatchHookedTransformers) {
       double nmse = num / std::max(den, 1e-30);
       if (positions[i] < first_unstable) {
         ++n_stable;
-        EXPECT_LE(nmse, tolerance::kGoldenLogitsNmse) << preset << " prompt " << k << " position " << positions[i];
+        EXPECT_LE(nmse, tolerance::kGoldenLogitsNmse)
+            << preset << " prompt " << k << " position " << positions[i];
       } else {
         ++n_after;
         n_after_close += nmse <= tolerance::kGoldenLogitsNmse;
       }
     }
   }
-  std::printf("[%s quant] %d stable positions all within budget; %d/%d positions past the oracle's own "
-              "instability point also match\n", preset.c_str(), n_stable, n_after_close, n_after);
+  std::printf(
+      "[%s quant] %d stable positions all within budget; %d/%d positions past the oracle's own "
+      "instability point also match\n",
+      preset.c_str(), n_stable, n_after_close, n_after);
   EXPECT_GT(n_stable, 0);
 }
 

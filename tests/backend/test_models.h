@@ -14,7 +14,8 @@
 namespace dsinfer::testing {
 
 inline std::string TestTempDir() {
-  std::filesystem::path p = std::filesystem::temp_directory_path() / ("dsinfer_test_" + std::to_string(::getpid()));
+  std::filesystem::path p =
+      std::filesystem::temp_directory_path() / ("dsinfer_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(p);
   return p.string();
 }

@@ -1,11 +1,12 @@
 // ModelConfig parsing/validation and the expected-tensor table against the official V4-Flash
 // layout (spec §1, §11).
+#include "model/config.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
 #include "model/weights.h"
 
 namespace dsinfer::model {
@@ -16,21 +17,53 @@ nlohmann::json FlashConfigJson() {
   std::vector<int> ratios = {0, 0};
   for (int i = 2; i < 43; ++i) ratios.push_back(i % 2 == 0 ? 4 : 128);
   ratios.push_back(0);
-  return {{"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"},
-          {"vocab_size", 129280}, {"hidden_size", 4096}, {"num_hidden_layers", 43},
-          {"num_nextn_predict_layers", 1}, {"num_attention_heads", 64}, {"num_key_value_heads", 1},
-          {"head_dim", 512}, {"qk_rope_head_dim", 64}, {"q_lora_rank", 1024}, {"o_groups", 8},
-          {"o_lora_rank", 1024}, {"sliding_window", 128}, {"compress_ratios", ratios},
-          {"compress_rope_theta", 160000}, {"rope_theta", 10000},
-          {"rope_scaling", {{"type", "yarn"}, {"factor", 16}, {"original_max_position_embeddings", 65536},
-                            {"beta_fast", 32}, {"beta_slow", 1}}},
-          {"max_position_embeddings", 1048576}, {"index_n_heads", 64}, {"index_head_dim", 128},
-          {"index_topk", 512}, {"n_routed_experts", 256}, {"n_shared_experts", 1}, {"num_experts_per_tok", 6},
-          {"moe_intermediate_size", 2048}, {"num_hash_layers", 3}, {"scoring_func", "sqrtsoftplus"},
-          {"routed_scaling_factor", 1.5}, {"swiglu_limit", 10.0}, {"hc_mult", 4}, {"hc_sinkhorn_iters", 20},
-          {"hc_eps", 1e-6}, {"rms_norm_eps", 1e-6}, {"bos_token_id", 0}, {"eos_token_id", 1},
-          {"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"scale_fmt", "ue8m0"},
-                                   {"weight_block_size", {128, 128}}, {"activation_scheme", "dynamic"}}},
+  return {{"architectures", {"DeepseekV4ForCausalLM"}},
+          {"model_type", "deepseek_v4"},
+          {"vocab_size", 129280},
+          {"hidden_size", 4096},
+          {"num_hidden_layers", 43},
+          {"num_nextn_predict_layers", 1},
+          {"num_attention_heads", 64},
+          {"num_key_value_heads", 1},
+          {"head_dim", 512},
+          {"qk_rope_head_dim", 64},
+          {"q_lora_rank", 1024},
+          {"o_groups", 8},
+          {"o_lora_rank", 1024},
+          {"sliding_window", 128},
+          {"compress_ratios", ratios},
+          {"compress_rope_theta", 160000},
+          {"rope_theta", 10000},
+          {"rope_scaling",
+           {{"type", "yarn"},
+            {"factor", 16},
+            {"original_max_position_embeddings", 65536},
+            {"beta_fast", 32},
+            {"beta_slow", 1}}},
+          {"max_position_embeddings", 1048576},
+          {"index_n_heads", 64},
+          {"index_head_dim", 128},
+          {"index_topk", 512},
+          {"n_routed_experts", 256},
+          {"n_shared_experts", 1},
+          {"num_experts_per_tok", 6},
+          {"moe_intermediate_size", 2048},
+          {"num_hash_layers", 3},
+          {"scoring_func", "sqrtsoftplus"},
+          {"routed_scaling_factor", 1.5},
+          {"swiglu_limit", 10.0},
+          {"hc_mult", 4},
+          {"hc_sinkhorn_iters", 20},
+          {"hc_eps", 1e-6},
+          {"rms_norm_eps", 1e-6},
+          {"bos_token_id", 0},
+          {"eos_token_id", 1},
+          {"quantization_config",
+           {{"quant_method", "fp8"},
+            {"fmt", "e4m3"},
+            {"scale_fmt", "ue8m0"},
+            {"weight_block_size", {128, 128}},
+            {"activation_scheme", "dynamic"}}},
           {"expert_dtype", "fp4"}};
 }
 
@@ -92,7 +125,7 @@ TEST(ModelConfig, ExpectedTensorsMatchOfficialLayout) {
     ASSERT_NE(it, by_name.end()) << name;
     EXPECT_EQ(it->second.shape, shape) << name;
   }
-  EXPECT_EQ(by_name.count("layers.0.attn.compressor.ape"), 0u);  // window-only layer
+  EXPECT_EQ(by_name.count("layers.0.attn.compressor.ape"), 0u);       // window-only layer
   EXPECT_EQ(by_name.count("layers.3.attn.indexer.wq_b.weight"), 0u);  // HCA has no indexer
   EXPECT_EQ(by_name.count("mtp.0.attn.compressor.ape"), 0u);
   EXPECT_EQ(by_name.count("mtp.0.embed.weight"), 0u);  // MTP shares embed and head
@@ -101,7 +134,8 @@ TEST(ModelConfig, ExpectedTensorsMatchOfficialLayout) {
   for (const auto& [name, s] : by_name) {
     uint64_t n = 1;
     for (int64_t d : s.shape) n *= d;
-    total += n * DTypeSize(s.dtypes[0]) * (name.find("tid2eid") != std::string::npos ? 2 : 1);  // I64 officially
+    total += n * DTypeSize(s.dtypes[0]) *
+             (name.find("tid2eid") != std::string::npos ? 2 : 1);  // I64 officially
   }
   EXPECT_EQ(total, 159609485896ull);
 }
@@ -125,7 +159,9 @@ TEST(ModelConfig, RejectsBadConfigs) {
   EXPECT_FALSE(bad([](nlohmann::json& j) { j["num_experts_per_tok"] = 300; }).ok());
   EXPECT_FALSE(bad([](nlohmann::json& j) { j["scoring_func"] = "softmax"; }).ok());
   EXPECT_FALSE(bad([](nlohmann::json& j) { j["model_type"] = "llama"; }).ok());
-  EXPECT_FALSE(bad([](nlohmann::json& j) { j["quantization_config"]["weight_block_size"] = {64, 64}; }).ok());
+  EXPECT_FALSE(bad([](nlohmann::json& j) {
+                 j["quantization_config"]["weight_block_size"] = {64, 64};
+               }).ok());
   EXPECT_FALSE(bad([](nlohmann::json& j) { j["num_hidden_layers"] = 1000000; }).ok());
   EXPECT_FALSE(ModelConfig::FromJson(nlohmann::json::array()).ok());
 }

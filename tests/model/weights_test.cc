@@ -1,5 +1,7 @@
 // Checkpoint binding: zero-copy loading, and every malformed-checkpoint class is a clear error
 // naming the tensor and the file (never a crash).
+#include "model/weights.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/demo_model.h"
-#include "model/weights.h"
 
 namespace dsinfer::model {
 namespace {
@@ -51,7 +52,8 @@ std::string EditedCopy(const std::string& name, const Edit& edit) {
   std::vector<io::OwnedTensor> tensors;
   for (const auto& tname : (*src)->TensorNames()) {
     io::TensorRef ref = (*src)->Find(tname);
-    io::OwnedTensor t{tname, ref.info->dtype, ref.info->shape, {ref.bytes.begin(), ref.bytes.end()}};
+    io::OwnedTensor t{
+        tname, ref.info->dtype, ref.info->shape, {ref.bytes.begin(), ref.bytes.end()}};
     if (edit(t)) tensors.push_back(std::move(t));
   }
   std::string dir = TempDir(name);
@@ -79,27 +81,34 @@ TEST(ModelWeights, LoadsTinyCheckpointAndSingleFileCopy) {
 }
 
 TEST(ModelWeights, MalformedCheckpointsAreClearErrors) {
-  ExpectLoadError(EditedCopy("missing", [](io::OwnedTensor& t) { return t.name != "layers.2.attn.wkv.weight"; }),
-                  "layers.2.attn.wkv.weight", "missing");
-  ExpectLoadError(EditedCopy("dtype", [](io::OwnedTensor& t) {
-                    if (t.name == "layers.1.attn.kv_norm.weight") t.dtype = DType::kF16;
-                    return true;
-                  }),
+  ExpectLoadError(
+      EditedCopy("missing",
+                 [](io::OwnedTensor& t) { return t.name != "layers.2.attn.wkv.weight"; }),
+      "layers.2.attn.wkv.weight", "missing");
+  ExpectLoadError(EditedCopy("dtype",
+                             [](io::OwnedTensor& t) {
+                               if (t.name == "layers.1.attn.kv_norm.weight") t.dtype = DType::kF16;
+                               return true;
+                             }),
                   "layers.1.attn.kv_norm.weight", "dtype");
-  ExpectLoadError(EditedCopy("shape", [](io::OwnedTensor& t) {
-                    if (t.name == "layers.0.attn.attn_sink") t.shape = {2, 2};
-                    return true;
-                  }),
+  ExpectLoadError(EditedCopy("shape",
+                             [](io::OwnedTensor& t) {
+                               if (t.name == "layers.0.attn.attn_sink") t.shape = {2, 2};
+                               return true;
+                             }),
                   "layers.0.attn.attn_sink", "shape");
-  ExpectLoadError(EditedCopy("nan_scale", [](io::OwnedTensor& t) {
-                    if (t.name == "layers.3.ffn.experts.1.w2.scale") t.bytes[5] = 0xff;
-                    return true;
-                  }),
+  ExpectLoadError(EditedCopy("nan_scale",
+                             [](io::OwnedTensor& t) {
+                               if (t.name == "layers.3.ffn.experts.1.w2.scale") t.bytes[5] = 0xff;
+                               return true;
+                             }),
                   "layers.3.ffn.experts.1.w2.scale", "NaN");
-  ExpectLoadError(EditedCopy("tid2eid", [](io::OwnedTensor& t) {
-                    if (t.name == "layers.0.ffn.gate.tid2eid") t.bytes[8] = 0x7f;  // expert id far out of range
-                    return true;
-                  }),
+  ExpectLoadError(EditedCopy("tid2eid",
+                             [](io::OwnedTensor& t) {
+                               if (t.name == "layers.0.ffn.gate.tid2eid")
+                                 t.bytes[8] = 0x7f;  // expert id far out of range
+                               return true;
+                             }),
                   "layers.0.ffn.gate.tid2eid", "expert id");
   // A config that disagrees with the tensors: one more layer than the checkpoint has.
   std::string dir = EditedCopy("config", [](io::OwnedTensor&) { return true; });
@@ -125,8 +134,8 @@ TEST(ModelWeights, LoadIsZeroCopy) {
   int64_t after = ResidentBytes();
   uint64_t size = (*w)->checkpoint().TotalBytes();
   double grown = static_cast<double>(after - before);
-  std::printf("checkpoint %.1f MB; resident set grew by %.1f MB after Load (%.1f%%)\n", size / 1e6, grown / 1e6,
-              100.0 * grown / size);
+  std::printf("checkpoint %.1f MB; resident set grew by %.1f MB after Load (%.1f%%)\n", size / 1e6,
+              grown / 1e6, 100.0 * grown / size);
   EXPECT_LT(grown, 0.1 * size);
 }
 

@@ -1,4 +1,6 @@
 // Engine invariance, prefix-cache, memory-budget and lifecycle tests on a tiny checkpoint.
+#include "runtime/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -6,7 +8,6 @@
 
 #include "../backend/test_models.h"
 #include "backend/cpu/cpu_model.h"
-#include "runtime/engine.h"
 
 namespace dsinfer::runtime {
 namespace {
@@ -83,7 +84,8 @@ TEST(Engine, GreedyIsIdenticalAloneInABatchAfterPreemptionAndAfterAPrefixHit) {
     auto engine = MakeEngine({.enable_prefix_cache = false});
     std::vector<std::shared_ptr<RequestStream>> streams;
     const int lens[] = {5, 300, 1, 64, 129, 17, 250};
-    for (int i = 0; i < 7; ++i) streams.push_back(*engine->Submit(Greedy(Ids(lens[i], 100 + i), 10 + i)));
+    for (int i = 0; i < 7; ++i)
+      streams.push_back(*engine->Submit(Greedy(Ids(lens[i], 100 + i), 10 + i)));
     auto mine = engine->Submit(target);
     ASSERT_TRUE(mine.ok());
     Outcome batched = Collect(**mine)[0];
@@ -193,8 +195,9 @@ TEST(Engine, FloodWithinBudgetCompletesEverythingAndRejectsTheImpossible) {
   done = true;
   watcher.join();
   EXPECT_LE(peak, budget);
-  std::printf("KV budget %lld bytes, peak use %lld bytes, preemptions %lld\n", static_cast<long long>(budget),
-              static_cast<long long>(peak), static_cast<long long>(engine->Stats().preemptions_total));
+  std::printf("KV budget %lld bytes, peak use %lld bytes, preemptions %lld\n",
+              static_cast<long long>(budget), static_cast<long long>(peak),
+              static_cast<long long>(engine->Stats().preemptions_total));
 }
 
 TEST(Engine, CancelStopsARequestAtTheNextStep) {
@@ -212,7 +215,8 @@ TEST(Engine, CancelStopsARequestAtTheNextStep) {
     }
   }
   EXPECT_EQ(reason, FinishReason::kCancelled);
-  for (int i = 0; i < 100 && engine->Stats().n_running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 100 && engine->Stats().n_running > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(engine->Stats().n_running, 0);
 }
 
@@ -225,8 +229,10 @@ TEST(Engine, StopTokensMinTokensAndValidation) {
   stop.stop_token_ids = {free_run.tokens[3]};
   Outcome stopped = Collect(**engine->Submit(stop))[0];
   EXPECT_EQ(stopped.reason, FinishReason::kStop);
-  auto first_hit = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) - free_run.tokens.begin();
-  EXPECT_EQ(static_cast<long>(stopped.tokens.size()), first_hit);  // the stop token itself is not emitted
+  auto first_hit = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]) -
+                   free_run.tokens.begin();
+  EXPECT_EQ(static_cast<long>(stopped.tokens.size()),
+            first_hit);  // the stop token itself is not emitted
   RequestParams min = stop;
   min.min_tokens = 10;
   Outcome longer = Collect(**engine->Submit(min))[0];

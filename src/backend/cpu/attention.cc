@@ -18,12 +18,14 @@ using model::WeightMatrix;
 
 // Linear with the reference's numerics: FP8 activation quantization (block 128) in front of
 // FP8/FP4 weights, bf16 output.
-void QuantLinear(const WeightMatrix& w, const float* x, int64_t m, float* y, const Numerics& nm, ThreadPool& pool,
-                 int act_block) {
-  bool quantized = w.format == model::WeightFormat::kFp8Block || w.format == model::WeightFormat::kFp4Packed;
+void QuantLinear(const WeightMatrix& w, const float* x, int64_t m, float* y, const Numerics& nm,
+                 ThreadPool& pool, int act_block) {
+  bool quantized =
+      w.format == model::WeightFormat::kFp8Block || w.format == model::WeightFormat::kFp4Packed;
   if (quantized && nm.quantize_activations) {
     std::vector<float> xq(x, x + m * w.cols);
-    for (int64_t r = 0; r < m; ++r) Fp8RoundTripInPlace(xq.data() + r * w.cols, static_cast<int>(w.cols), act_block);
+    for (int64_t r = 0; r < m; ++r)
+      Fp8RoundTripInPlace(xq.data() + r * w.cols, static_cast<int>(w.cols), act_block);
     MatMul(w, xq.data(), m, y, pool);
   } else {
     MatMul(w, x, m, y, pool);
@@ -74,8 +76,8 @@ bool CompressorPush(CompressorState& st, int64_t pos, const float* a, const floa
 }
 
 // Compressor projections for all rows of a step: a = wkv x, g = wgate x (fp32, no rounding).
-void CompressorProject(const model::CompressorWeights& cw, int64_t T, const float* x, ThreadPool& pool,
-                       std::vector<float>* a, std::vector<float>* g) {
+void CompressorProject(const model::CompressorWeights& cw, int64_t T, const float* x,
+                       ThreadPool& pool, std::vector<float>* a, std::vector<float>* g) {
   a->resize(T * cw.wkv.rows);
   g->resize(T * cw.wgate.rows);
   MatMul(cw.wkv, x, T, a->data(), pool);
@@ -86,10 +88,10 @@ void CompressorProject(const model::CompressorWeights& cw, int64_t T, const floa
 // compressor, pooling completed groups; norm and RoPE at the group's first position, then
 // `post` finishes each row (FP8 or Hadamard+FP4) before it is appended to rows_out.
 template <typename PostFn>
-void CompressorFeed(const model::CompressorWeights& cw, CompressorState& st, const model::ModelConfig& c,
-                    const RopeTable& rope, const Segment& seg, const std::vector<float>& a,
-                    const std::vector<float>& g, int d, const Numerics& nm, std::vector<float>& rows_out,
-                    PostFn&& post) {
+void CompressorFeed(const model::CompressorWeights& cw, CompressorState& st,
+                    const model::ModelConfig& c, const RopeTable& rope, const Segment& seg,
+                    const std::vector<float>& a, const std::vector<float>& g, int d,
+                    const Numerics& nm, std::vector<float>& rows_out, PostFn&& post) {
   const int w = st.width;
   std::vector<float> row(d), gt(w);
   for (int64_t t = 0; t < seg.n; ++t) {
@@ -121,8 +123,8 @@ std::vector<int32_t> TopK(const std::vector<float>& scores, int k) {
 
 }  // namespace
 
-void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T, const float* x,
-                         float* out) {
+void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T,
+                         const float* x, float* out) {
   const model::ModelConfig& c = config();
   const Numerics& nm = numerics_;
   const int li = lw.layer_id;
@@ -184,8 +186,8 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
     std::vector<float> a, g;
     CompressorProject(lw.compressor, T, x, pool_, &a, &g);
     for (auto& sg : segments)
-      CompressorFeed(lw.compressor, sg.layer->compressor, c, rope, sg, a, g, hd, nm, sg.layer->compressed,
-                     [&](float* row) {
+      CompressorFeed(lw.compressor, sg.layer->compressor, c, rope, sg, a, g, hd, nm,
+                     sg.layer->compressed, [&](float* row) {
                        if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
                      });
   }
@@ -257,7 +259,8 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
     for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p)
       rows.push_back(win[si].data() + (p - win_base[si]) * hd);
     if (ratio == 4) {
-      for (int32_t j : selected[t]) rows.push_back(ls.compressed.data() + static_cast<int64_t>(j) * hd);
+      for (int32_t j : selected[t])
+        rows.push_back(ls.compressed.data() + static_cast<int64_t>(j) * hd);
     } else if (ratio > 0) {
       int64_t n_vis = (pos + 1) / ratio;
       for (int64_t j = 0; j < n_vis; ++j) rows.push_back(ls.compressed.data() + j * hd);
@@ -292,8 +295,8 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   for (int g = 0; g < G; ++g) {
     for (int64_t t = 0; t < T; ++t)
       std::copy_n(o.data() + t * H * hd + g * group_in, group_in, og.data() + t * group_in);
-    MatMulRows(lw.wo_a, static_cast<int64_t>(g) * c.o_lora_rank, static_cast<int64_t>(g + 1) * c.o_lora_rank,
-               og.data(), T, zg.data(), pool_);
+    MatMulRows(lw.wo_a, static_cast<int64_t>(g) * c.o_lora_rank,
+               static_cast<int64_t>(g + 1) * c.o_lora_rank, og.data(), T, zg.data(), pool_);
     for (int64_t t = 0; t < T; ++t)
       std::copy_n(zg.data() + t * c.o_lora_rank, c.o_lora_rank,
                   z.data() + t * G * c.o_lora_rank + static_cast<int64_t>(g) * c.o_lora_rank);
@@ -302,8 +305,10 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
 
   for (const auto& sg : segments)
-    step_stats_.kv_bytes += static_cast<int64_t>(win[&sg - segments.data()].size() + sg.layer->compressed.size() +
-                                                 sg.layer->index_keys.size()) * 4;
+    step_stats_.kv_bytes +=
+        static_cast<int64_t>(win[&sg - segments.data()].size() + sg.layer->compressed.size() +
+                             sg.layer->index_keys.size()) *
+        4;
 
   // ---- keep the last `window` KV rows of each sequence for its next step.
   for (int64_t t = 0; t < T; ++t) {

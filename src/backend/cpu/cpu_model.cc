@@ -15,8 +15,8 @@ CpuModel::CpuModel(const model::ModelWeights& weights, Numerics numerics, Thread
 
 CpuModel::~CpuModel() = default;
 
-Result<std::unique_ptr<CpuModel>> CpuModel::Create(const model::ModelWeights& weights, Numerics numerics,
-                                                   ThreadPool& pool) {
+Result<std::unique_ptr<CpuModel>> CpuModel::Create(const model::ModelWeights& weights,
+                                                   Numerics numerics, ThreadPool& pool) {
   auto m = std::unique_ptr<CpuModel>(new CpuModel(weights, numerics, pool));
   const auto& c = weights.config();
   for (int li = 0; li < c.n_layers + c.n_mtp_layers; ++li)
@@ -52,11 +52,12 @@ void CpuModel::Reset(SequenceState& s) const {
 int64_t CpuModel::StateBytes(const SequenceState& s) const {
   auto layer_bytes = [](const LayerState& l) {
     return static_cast<int64_t>(l.window_kv.size() + l.compressed.size() + l.index_keys.size() +
-                                l.compressor.kv.size() + l.compressor.score.size() + l.index_compressor.kv.size() +
-                                l.index_compressor.score.size()) *
+                                l.compressor.kv.size() + l.compressor.score.size() +
+                                l.index_compressor.kv.size() + l.index_compressor.score.size()) *
            4;
   };
-  int64_t total = static_cast<int64_t>(s.last_hidden.size()) * 4 + static_cast<int64_t>(sizeof(SequenceState));
+  int64_t total =
+      static_cast<int64_t>(s.last_hidden.size()) * 4 + static_cast<int64_t>(sizeof(SequenceState));
   for (const auto& l : s.layers) total += layer_bytes(l);
   for (const auto& l : s.mtp) total += layer_bytes(l);
   return total;
@@ -86,8 +87,8 @@ std::unique_ptr<SequenceState> CpuModel::NewSequence() const {
   return s;
 }
 
-void CpuModel::Block(const model::LayerWeights& lw, std::span<Segment> segments, std::span<const int32_t> tokens,
-                     std::vector<float>& H) {
+void CpuModel::Block(const model::LayerWeights& lw, std::span<Segment> segments,
+                     std::span<const int32_t> tokens, std::vector<float>& H) {
   const auto& c = config();
   const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
@@ -95,29 +96,35 @@ void CpuModel::Block(const model::LayerWeights& lw, std::span<Segment> segments,
   std::vector<float> x(T * D), y(T * D);  // [T, D]
   std::vector<HcMix> mix(T);
   // Attention sub-layer.
-  pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_attn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
+  pool_.ParallelFor(T, [&](int64_t t) {
+    HcPre(c, lw.hc_attn, H.data() + t * HD, x.data() + t * D, &mix[t], rb);
+  });
   RmsNormRows(x.data(), T, D, &lw.attn_norm, c.norm_eps, rb);
   Attention(lw, segments, T, x.data(), y.data());
-  pool_.ParallelFor(T, [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
+  pool_.ParallelFor(T,
+                    [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
   // MoE sub-layer.
-  pool_.ParallelFor(T, [&](int64_t t) { HcPre(c, lw.hc_ffn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
+  pool_.ParallelFor(
+      T, [&](int64_t t) { HcPre(c, lw.hc_ffn, H.data() + t * HD, x.data() + t * D, &mix[t], rb); });
   RmsNormRows(x.data(), T, D, &lw.ffn_norm, c.norm_eps, rb);
   Moe(lw, tokens, x.data(), y.data());
-  pool_.ParallelFor(T, [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
+  pool_.ParallelFor(T,
+                    [&](int64_t t) { HcPost(c, mix[t], y.data() + t * D, H.data() + t * HD, rb); });
 }
 
-void CpuModel::Logits(const float* H, int64_t T, const model::HcParams& hc_head, const model::TensorView& norm,
-                      float* logits) {
+void CpuModel::Logits(const float* H, int64_t T, const model::HcParams& hc_head,
+                      const model::TensorView& norm, float* logits) {
   const auto& c = config();
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
   std::vector<float> y(T * D);
-  for (int64_t t = 0; t < T; ++t) HcHead(c, hc_head, H + t * HD, y.data() + t * D, numerics_.round_bf16);
+  for (int64_t t = 0; t < T; ++t)
+    HcHead(c, hc_head, H + t * HD, y.data() + t * D, numerics_.round_bf16);
   RmsNormRows(y.data(), T, D, &norm, c.norm_eps, numerics_.round_bf16);
   MatMul(weights_.head, y.data(), T, logits, pool_);  // fp32 head
 }
 
-Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
-                         ForwardOutput* out) {
+Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens,
+                         const ForwardOptions& options, ForwardOutput* out) {
   SequenceChunk chunk{&state, tokens, options, out};
   return ForwardBatch(std::span<SequenceChunk>(&chunk, 1));
 }
@@ -127,7 +134,8 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   // Validate everything before touching any state: a bad chunk fails the step and loses nothing.
   int64_t T = 0;
   for (const auto& ch : chunks) {
-    if (ch.state == nullptr || ch.out == nullptr) return InvalidArgument("ForwardBatch: chunk without state/output");
+    if (ch.state == nullptr || ch.out == nullptr)
+      return InvalidArgument("ForwardBatch: chunk without state/output");
     if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
     if (ch.state->layers.size() != static_cast<size_t>(c.n_layers))
       return FailedPrecondition("sequence state not initialised");
@@ -136,7 +144,8 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
         return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
                                std::to_string(c.vocab_size) + ")");
     for (const auto& other : chunks)
-      if (&other != &ch && other.state == ch.state) return InvalidArgument("ForwardBatch: a sequence appears twice");
+      if (&other != &ch && other.state == ch.state)
+        return InvalidArgument("ForwardBatch: a sequence appears twice");
     T += static_cast<int64_t>(ch.tokens.size());
   }
   const int64_t D = c.hidden, HD = static_cast<int64_t>(c.hc_mult) * D;
@@ -175,28 +184,32 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
     for (int64_t t = first; t < segments[i].n; ++t) head_rows.push_back(segments[i].row + t);
   }
   std::vector<float> Hsel(head_rows.size() * HD);
-  for (size_t r = 0; r < head_rows.size(); ++r) std::copy_n(H.data() + head_rows[r] * HD, HD, Hsel.data() + r * HD);
+  for (size_t r = 0; r < head_rows.size(); ++r)
+    std::copy_n(H.data() + head_rows[r] * HD, HD, Hsel.data() + r * HD);
   std::vector<float> logits(head_rows.size() * c.vocab_size);
-  Logits(Hsel.data(), static_cast<int64_t>(head_rows.size()), weights_.hc_head, weights_.norm, logits.data());
+  Logits(Hsel.data(), static_cast<int64_t>(head_rows.size()), weights_.hc_head, weights_.norm,
+         logits.data());
 
   size_t r = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     auto& ch = chunks[i];
     const Segment& sg = segments[i];
     int64_t n_out = !ch.options.want_logits ? 0 : ch.options.all_logits ? sg.n : 1;
-    ch.out->logits.assign(logits.begin() + r * c.vocab_size, logits.begin() + (r + n_out) * c.vocab_size);
+    ch.out->logits.assign(logits.begin() + r * c.vocab_size,
+                          logits.begin() + (r + n_out) * c.vocab_size);
     r += n_out;
     if (ch.options.want_hidden)
       ch.out->hidden.assign(H.begin() + sg.row * HD, H.begin() + (sg.row + sg.n) * HD);
-    ch.state->last_hidden.assign(H.begin() + (sg.row + sg.n - 1) * HD, H.begin() + (sg.row + sg.n) * HD);
+    ch.state->last_hidden.assign(H.begin() + (sg.row + sg.n - 1) * HD,
+                                 H.begin() + (sg.row + sg.n) * HD);
     ch.state->last_token = ch.tokens.back();
     ch.state->n_tokens += sg.n;
   }
   return Status::Ok();
 }
 
-Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> next_tokens,
-                            std::vector<float>* logits) {
+Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
+                            std::span<const int32_t> next_tokens, std::vector<float>* logits) {
   const auto& c = config();
   if (c.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
   const int64_t n = static_cast<int64_t>(next_tokens.size());
@@ -204,7 +217,8 @@ Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
   if (n == 0 || static_cast<int64_t>(hidden.size()) != n * HD)
     return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
   for (int32_t tok : next_tokens)
-    if (tok < 0 || tok >= c.vocab_size) return InvalidArgument("ForwardMtp: token id outside the vocabulary");
+    if (tok < 0 || tok >= c.vocab_size)
+      return InvalidArgument("ForwardMtp: token id outside the vocabulary");
   const model::LayerWeights& lw = weights_.layers[c.n_layers];
   const bool rb = numerics_.round_bf16;
 
@@ -222,7 +236,8 @@ Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
   RmsNormRows(hn.data(), n * c.hc_mult, D, &lw.hnorm, c.norm_eps, rb);
   auto linear = [&](const model::WeightMatrix& w, std::vector<float> in, int64_t m, float* y) {
     if (numerics_.quantize_activations)
-      for (int64_t r = 0; r < m; ++r) Fp8RoundTripInPlace(in.data() + r * D, static_cast<int>(D), c.act_block);
+      for (int64_t r = 0; r < m; ++r)
+        Fp8RoundTripInPlace(in.data() + r * D, static_cast<int>(D), c.act_block);
     MatMul(w, in.data(), m, y, pool_);
     if (rb) RoundBf16InPlace(y, m * w.rows);
   };

@@ -19,14 +19,14 @@ namespace dsinfer::backend::cpu {
 struct RopeTable;
 
 struct ForwardOptions {
-  bool all_logits = false;     // logits for every position of the chunk (else the last only)
-  bool want_hidden = false;    // also return the final stream state of every position (MTP input)
-  bool want_logits = true;     // false: skip the head (prefill chunks that end mid-prompt)
+  bool all_logits = false;   // logits for every position of the chunk (else the last only)
+  bool want_hidden = false;  // also return the final stream state of every position (MTP input)
+  bool want_logits = true;   // false: skip the head (prefill chunks that end mid-prompt)
 };
 
 struct ForwardOutput {
-  std::vector<float> logits;   // [n_positions, vocab] f32
-  std::vector<float> hidden;   // [n_tokens, hc_mult, hidden] f32 when want_hidden
+  std::vector<float> logits;  // [n_positions, vocab] f32
+  std::vector<float> hidden;  // [n_tokens, hc_mult, hidden] f32 when want_hidden
 };
 
 // One sequence's slice of a batched step: its state, its new tokens, what it wants back.
@@ -49,13 +49,13 @@ struct Segment {
 struct StepStats {
   int64_t routed_expert_bytes = 0;  // weights of every routed expert that received >= 1 token
   int64_t n_routed_experts_used = 0;
-  int64_t kv_bytes = 0;             // sequence state read by attention (windows, rows, keys)
+  int64_t kv_bytes = 0;  // sequence state read by attention (windows, rows, keys)
 };
 
 class CpuModel {
  public:
-  static Result<std::unique_ptr<CpuModel>> Create(const model::ModelWeights& weights, Numerics numerics,
-                                                  ThreadPool& pool);
+  static Result<std::unique_ptr<CpuModel>> Create(const model::ModelWeights& weights,
+                                                  Numerics numerics, ThreadPool& pool);
   ~CpuModel();
 
   const model::ModelConfig& config() const { return weights_.config(); }
@@ -70,8 +70,8 @@ class CpuModel {
 
   // Runs tokens at positions [state.n_tokens, state.n_tokens + tokens.size()) and advances the
   // state. Any chunking of a sequence gives the same results as one call.
-  Status Forward(SequenceState& state, std::span<const int32_t> tokens, const ForwardOptions& options,
-                 ForwardOutput* out);
+  Status Forward(SequenceState& state, std::span<const int32_t> tokens,
+                 const ForwardOptions& options, ForwardOutput* out);
 
   // One batched step over several sequences (continuous batching): every linear layer and each
   // expert runs once over all sequences' tokens; attention runs per sequence. Results are
@@ -81,21 +81,22 @@ class CpuModel {
   // MTP block 0 (spec §8): hidden [n, hc_mult, hidden] = the main model's final streams at
   // positions p..p+n-1 of the MTP sequence, next_tokens [n] = the tokens at p+1..p+n.
   // Returns logits [n, vocab] predicting the tokens at p+2..p+n+1. Advances state.mtp.
-  Status ForwardMtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> next_tokens,
-                    std::vector<float>* logits);
+  Status ForwardMtp(SequenceState& state, std::span<const float> hidden,
+                    std::span<const int32_t> next_tokens, std::vector<float>* logits);
 
  private:
   CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool);
   struct Scratch;
 
   // One decoder block (attention + MoE with their mHC) over T tokens; H [T, hc, hidden].
-  void Block(const model::LayerWeights& lw, std::span<Segment> segments, std::span<const int32_t> tokens,
-             std::vector<float>& H);
-  void Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T, const float* x,
-                 float* out);
-  void Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x, float* out);
-  void Logits(const float* H, int64_t T, const model::HcParams& hc_head, const model::TensorView& norm,
-              float* logits);
+  void Block(const model::LayerWeights& lw, std::span<Segment> segments,
+             std::span<const int32_t> tokens, std::vector<float>& H);
+  void Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T,
+                 const float* x, float* out);
+  void Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x,
+           float* out);
+  void Logits(const float* H, int64_t T, const model::HcParams& hc_head,
+              const model::TensorView& norm, float* logits);
 
   const model::ModelWeights& weights_;
   Numerics numerics_;

@@ -57,11 +57,14 @@ void DequantFp4Row(const WeightMatrix& w, int64_t r, float* out) {
     __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));  // elements 16..31
     __m256 vs = _mm256_set1_ps(s * 0.5f);
     _mm256_storeu_ps(out + c0, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), vs));
-    _mm256_storeu_ps(out + c0 + 8,
-                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
-    _mm256_storeu_ps(out + c0 + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), vs));
-    _mm256_storeu_ps(out + c0 + 24,
-                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
+    _mm256_storeu_ps(
+        out + c0 + 8,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
+    _mm256_storeu_ps(out + c0 + 16,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), vs));
+    _mm256_storeu_ps(
+        out + c0 + 24,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
     i = 32;
 #endif
     for (; i < 32; i += 2) {
@@ -90,8 +93,8 @@ void DequantBf16Row(const WeightMatrix& w, int64_t r, float* out) {
 }
 
 // Four dot products of x with four weight rows, sharing the loads of x.
-void Dot4(const float* x, const float* w0, const float* w1, const float* w2, const float* w3, int64_t n,
-          float* out) {
+void Dot4(const float* x, const float* w0, const float* w1, const float* w2, const float* w3,
+          int64_t n, float* out) {
   int64_t i = 0;
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #ifdef DSINFER_X86_AVX2
@@ -157,7 +160,8 @@ void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, flo
       const uint8_t* row = w.data + r * k * 2;
       for (int64_t c = 0; c < k; c += 8) {
         __m256 wv = LoadBf16x8(row + 2 * c);
-        for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), acc[j]);
+        for (int j = 0; j < M; ++j)
+          acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), acc[j]);
       }
     } else if (w.format == WeightFormat::kFp8Block) {
       const uint8_t* row = w.data + r * k;
@@ -166,7 +170,8 @@ void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, flo
         for (int j = 0; j < M; ++j) part[j] = _mm256_setzero_ps();
         for (int64_t c = c0; c < c0 + 128; c += 8) {
           __m256 wv = LoadE4M3x8(row + c);
-          for (int j = 0; j < M; ++j) part[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), part[j]);
+          for (int j = 0; j < M; ++j)
+            part[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), part[j]);
         }
         __m256 s = _mm256_set1_ps(w.Scale(r, c0) * 256.0f);
         for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(part[j], s, acc[j]);
@@ -202,10 +207,14 @@ void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, flo
 
 bool FusedGemvApplies(const WeightMatrix& w) {
   switch (w.format) {
-    case WeightFormat::kBF16: return w.cols % 8 == 0;
-    case WeightFormat::kFp8Block: return w.cols % 128 == 0;
-    case WeightFormat::kFp4Packed: return w.cols % 32 == 0;
-    default: return false;
+    case WeightFormat::kBF16:
+      return w.cols % 8 == 0;
+    case WeightFormat::kFp8Block:
+      return w.cols % 128 == 0;
+    case WeightFormat::kFp4Packed:
+      return w.cols % 32 == 0;
+    default:
+      return false;
   }
 }
 #endif
@@ -234,15 +243,23 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void DequantRow(const WeightMatrix& w, int64_t r, float* out) {
   switch (w.format) {
-    case WeightFormat::kF32: std::memcpy(out, w.data + r * w.cols * 4, w.cols * 4); break;
-    case WeightFormat::kBF16: DequantBf16Row(w, r, out); break;
-    case WeightFormat::kFp8Block: DequantFp8Row(w, r, out); break;
-    case WeightFormat::kFp4Packed: DequantFp4Row(w, r, out); break;
+    case WeightFormat::kF32:
+      std::memcpy(out, w.data + r * w.cols * 4, w.cols * 4);
+      break;
+    case WeightFormat::kBF16:
+      DequantBf16Row(w, r, out);
+      break;
+    case WeightFormat::kFp8Block:
+      DequantFp8Row(w, r, out);
+      break;
+    case WeightFormat::kFp4Packed:
+      DequantFp4Row(w, r, out);
+      break;
   }
 }
 
-void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x, int64_t m, float* y,
-                ThreadPool& pool) {
+void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                int64_t m, float* y, ThreadPool& pool) {
   const int64_t n_out = row_end - row_begin;
   const int64_t k = w.cols;
 #ifdef DSINFER_X86_AVX2
@@ -254,42 +271,57 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   if (FusedGemvApplies(w)) {
     constexpr int64_t kRowTile = 16;
     const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
-    pool.ParallelForRange(n_tiles, [&](int64_t ta, int64_t tb) {
-      for (int64_t t = ta; t < tb; ++t) {
-        int64_t r0 = row_begin + t * kRowTile, r1 = std::min(row_end, r0 + kRowTile);
-        for (int64_t g = 0; g < m; g += 4) {
-          const float* xg = x + g * k;
-          float* yg = y + g * n_out;
-          switch (std::min<int64_t>(4, m - g)) {
-            case 1: GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
-            case 2: GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
-            case 3: GemvRows<3>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
-            default: GemvRows<4>(w, r0, r1, xg, yg, n_out, r0 - row_begin); break;
+    pool.ParallelForRange(
+        n_tiles,
+        [&](int64_t ta, int64_t tb) {
+          for (int64_t t = ta; t < tb; ++t) {
+            int64_t r0 = row_begin + t * kRowTile, r1 = std::min(row_end, r0 + kRowTile);
+            for (int64_t g = 0; g < m; g += 4) {
+              const float* xg = x + g * k;
+              float* yg = y + g * n_out;
+              switch (std::min<int64_t>(4, m - g)) {
+                case 1:
+                  GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  break;
+                case 2:
+                  GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  break;
+                case 3:
+                  GemvRows<3>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  break;
+                default:
+                  GemvRows<4>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  break;
+              }
+            }
           }
-        }
-      }
-    }, 1);
+        },
+        1);
     return;
   }
 #endif
   constexpr int64_t kTile = 4;
   const int64_t n_tiles = (n_out + kTile - 1) / kTile;
   // Enough tiles per task to amortise scheduling, few enough to balance two cores.
-  pool.ParallelForRange(n_tiles, [&](int64_t t0, int64_t t1) {
-    std::vector<float> rows(kTile * k);
-    float out4[kTile];
-    for (int64_t t = t0; t < t1; ++t) {
-      int64_t r0 = row_begin + t * kTile;
-      int64_t nr = std::min<int64_t>(kTile, row_end - r0);
-      for (int64_t j = 0; j < nr; ++j) DequantRow(w, r0 + j, rows.data() + j * k);
-      for (int64_t j = nr; j < kTile; ++j) std::fill_n(rows.data() + j * k, k, 0.0f);
-      for (int64_t i = 0; i < m; ++i) {
-        Dot4(x + i * k, rows.data(), rows.data() + k, rows.data() + 2 * k, rows.data() + 3 * k, k, out4);
-        float* yi = y + i * n_out + (r0 - row_begin);
-        for (int64_t j = 0; j < nr; ++j) yi[j] = out4[j];
-      }
-    }
-  }, 4);
+  pool.ParallelForRange(
+      n_tiles,
+      [&](int64_t t0, int64_t t1) {
+        std::vector<float> rows(kTile * k);
+        float out4[kTile];
+        for (int64_t t = t0; t < t1; ++t) {
+          int64_t r0 = row_begin + t * kTile;
+          int64_t nr = std::min<int64_t>(kTile, row_end - r0);
+          for (int64_t j = 0; j < nr; ++j) DequantRow(w, r0 + j, rows.data() + j * k);
+          for (int64_t j = nr; j < kTile; ++j) std::fill_n(rows.data() + j * k, k, 0.0f);
+          for (int64_t i = 0; i < m; ++i) {
+            Dot4(x + i * k, rows.data(), rows.data() + k, rows.data() + 2 * k, rows.data() + 3 * k,
+                 k, out4);
+            float* yi = y + i * n_out + (r0 - row_begin);
+            for (int64_t j = 0; j < nr; ++j) yi[j] = out4[j];
+          }
+        }
+      },
+      4);
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {

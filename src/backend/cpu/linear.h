@@ -18,8 +18,8 @@ void DequantRow(const model::WeightMatrix& w, int64_t r, float* out);
 void MatMul(const model::WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool);
 
 // Same, but only output rows [row_begin, row_end) of W; y is [m, row_end - row_begin].
-void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x, int64_t m,
-                float* y, ThreadPool& pool);
+void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                int64_t m, float* y, ThreadPool& pool);
 
 float Dot(const float* a, const float* b, int64_t n);
 

@@ -19,8 +19,8 @@ float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // SwiGLU expert over n rows of xq [n, hidden] (already activation-quantized when the mode asks):
 // h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * route_weight; out = w2 h. out [n, hidden].
-void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const float* route_weight, float limit,
-            const Numerics& nm, int act_block, ThreadPool& pool, float* out) {
+void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const float* route_weight,
+            float limit, const Numerics& nm, int act_block, ThreadPool& pool, float* out) {
   const int64_t inter = ew.w1.rows;
   std::vector<float> g(n * inter), u(n * inter);
   MatMul(ew.w1, xq, n, g.data(), pool);
@@ -35,7 +35,8 @@ void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const fl
       float h = gv / (1.0f + std::exp(-gv)) * uv * w;  // routing weight applied before w2
       g[i * inter + j] = nm.round_bf16 ? RoundBf16(h) : h;
     }
-    if (nm.quantize_activations) Fp8RoundTripInPlace(g.data() + i * inter, static_cast<int>(inter), act_block);
+    if (nm.quantize_activations)
+      Fp8RoundTripInPlace(g.data() + i * inter, static_cast<int>(inter), act_block);
   }
   MatMul(ew.w2, g.data(), n, out, pool);
   if (nm.round_bf16) RoundBf16InPlace(out, n * ew.w2.rows);
@@ -43,7 +44,8 @@ void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const fl
 
 }  // namespace
 
-void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x, float* out) {
+void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x,
+                   float* out) {
   const model::ModelConfig& c = config();
   const Numerics& nm = numerics_;
   const int64_t T = static_cast<int64_t>(tokens.size());
@@ -61,7 +63,8 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
     for (int e = 0; e < E; ++e) s[e] = std::sqrt(Softplus(s[e]));
     int32_t* sel = chosen.data() + t * K;
     if (lw.tid2eid.valid()) {
-      for (int k = 0; k < K; ++k) sel[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
+      for (int k = 0; k < K; ++k)
+        sel[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
     } else {
       std::vector<int32_t> idx(E);
       std::iota(idx.begin(), idx.end(), 0);
@@ -74,12 +77,14 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
     }
     float sum = 0.0f;
     for (int k = 0; k < K; ++k) sum += s[sel[k]];  // unbiased scores
-    for (int k = 0; k < K; ++k) weight[t * K + k] = s[sel[k]] / sum * static_cast<float>(c.route_scale);
+    for (int k = 0; k < K; ++k)
+      weight[t * K + k] = s[sel[k]] / sum * static_cast<float>(c.route_scale);
   }
 
   std::vector<float> xq(x, x + T * D);  // [T, D] the experts' shared quantized input
   if (nm.quantize_activations)
-    for (int64_t t = 0; t < T; ++t) Fp8RoundTripInPlace(xq.data() + t * D, static_cast<int>(D), c.act_block);
+    for (int64_t t = 0; t < T; ++t)
+      Fp8RoundTripInPlace(xq.data() + t * D, static_cast<int>(D), c.act_block);
 
   // Group (token, slot) pairs by expert: one pass over each expert's weights.
   std::vector<std::vector<int64_t>> by_expert(E);
@@ -96,7 +101,8 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
       we[i] = weight[slots[i]];
     }
     Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, pool_, ye.data());
-    step_stats_.routed_expert_bytes += lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
+    step_stats_.routed_expert_bytes +=
+        lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
     step_stats_.n_routed_experts_used++;
     for (int64_t i = 0; i < n; ++i) {
       float* dst = acc.data() + (slots[i] / K) * D;

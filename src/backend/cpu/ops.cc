@@ -13,7 +13,8 @@ void RoundBf16InPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = RoundBf16(x[i]);
 }
 
-void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* weight, double eps, bool round_bf16) {
+void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* weight, double eps,
+                 bool round_bf16) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * n;
     float ss = Dot(row, row, n);
@@ -40,7 +41,9 @@ RopeTable RopeTable::ForLayer(const model::ModelConfig& c, int layer) {
   if (compressed) {
     // YaRN (spec §9): frequencies past the correction range are divided by `factor`.
     auto corr = [&](double n_rot) {
-      return d * std::log(static_cast<double>(c.yarn.original_seq_len) / (n_rot * 2 * std::numbers::pi)) /
+      return d *
+             std::log(static_cast<double>(c.yarn.original_seq_len) /
+                      (n_rot * 2 * std::numbers::pi)) /
              (2 * std::log(base));
     };
     double low = std::max(std::floor(corr(c.yarn.beta_fast)), 0.0);
@@ -73,7 +76,8 @@ void ApplyRope(const RopeTable& rope, float* x, int64_t pos, bool inverse, bool 
 namespace {
 
 // m = (fn . v) * rsqrt(mean(v^2) + eps) for all rows of fn; v = the flattened streams.
-void HcMixes(const model::ModelConfig& c, const model::HcParams& p, const float* H, int64_t n_rows, float* m) {
+void HcMixes(const model::ModelConfig& c, const model::HcParams& p, const float* H, int64_t n_rows,
+             float* m) {
   int64_t n = static_cast<int64_t>(c.hc_mult) * c.hidden;
   float ss = Dot(H, H, n);
   float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(c.norm_eps));
@@ -85,8 +89,8 @@ float F32(const model::TensorView& t, int64_t i) { return t.F32At(i); }
 
 }  // namespace
 
-void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x, HcMix* mix,
-           bool round_bf16) {
+void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
+           HcMix* mix, bool round_bf16) {
   const int hc = c.hc_mult;
   const float eps = static_cast<float>(c.hc_eps);
   std::vector<float> m(c.HcRows());
@@ -136,7 +140,8 @@ void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H
   }
 }
 
-void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H, bool round_bf16) {
+void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H,
+            bool round_bf16) {
   const int hc = c.hc_mult;
   const int64_t d = c.hidden;
   std::vector<float> out(hc * d);
@@ -150,7 +155,8 @@ void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float
   std::copy(out.begin(), out.end(), H);
 }
 
-void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y, bool round_bf16) {
+void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y,
+            bool round_bf16) {
   const int hc = c.hc_mult;
   std::vector<float> m(hc), pre(hc);
   HcMixes(c, p, H, hc, m.data());

@@ -13,7 +13,8 @@ namespace dsinfer::backend::cpu {
 void RoundBf16InPlace(float* x, int64_t n);
 
 // y = w * (x * rsqrt(mean(x^2) + eps)) over rows of n; w is a bf16/f32 view of [n] (or none).
-void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* weight, double eps, bool round_bf16);
+void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* weight, double eps,
+                 bool round_bf16);
 
 // Per-layer rotary frequencies (interleaved pairs, last rope_dim dims; YaRN on compressed layers).
 struct RopeTable {
@@ -29,12 +30,14 @@ struct HcMix {
   std::vector<float> post;  // [hc]
   std::vector<float> comb;  // [hc, hc], comb[j*hc + k]: source j -> destination k
 };
-void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x, HcMix* mix,
-           bool round_bf16);
+void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
+           HcMix* mix, bool round_bf16);
 // H[k] <- post_k * a + sum_j comb[j][k] * H[j]
-void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H, bool round_bf16);
+void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H,
+            bool round_bf16);
 // y = sum_j (sigmoid(m_j * scale + base_j) + eps) * H[j]
-void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y, bool round_bf16);
+void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y,
+            bool round_bf16);
 
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 

@@ -14,10 +14,10 @@ namespace dsinfer::backend::cpu {
 // [r, 2r) the current one; otherwise slots [0, r).
 struct CompressorState {
   int ratio = 0;
-  int width = 0;            // coff * d: projection width
+  int width = 0;  // coff * d: projection width
   bool overlap = false;
-  std::vector<float> kv;    // [n_slots, width] f32 projections a_t
-  std::vector<float> score; // [n_slots, width] f32 gate logits g_t + ape (init -inf)
+  std::vector<float> kv;     // [n_slots, width] f32 projections a_t
+  std::vector<float> score;  // [n_slots, width] f32 gate logits g_t + ape (init -inf)
 
   void Init(int r, int w, bool ov) {
     ratio = r, width = w, overlap = ov;
@@ -37,12 +37,12 @@ struct LayerState {
 };
 
 struct SequenceState {
-  int64_t n_tokens = 0;  // positions processed so far
-  std::vector<LayerState> layers;   // backbone layers
-  std::vector<LayerState> mtp;      // MTP layers (their own window)
+  int64_t n_tokens = 0;            // positions processed so far
+  std::vector<LayerState> layers;  // backbone layers
+  std::vector<LayerState> mtp;     // MTP layers (their own window)
   int64_t mtp_n_tokens = 0;
   // Main model's final stream state of the last processed position: the MTP input.
-  std::vector<float> last_hidden;   // [hc_mult, hidden] f32
+  std::vector<float> last_hidden;  // [hc_mult, hidden] f32
   int32_t last_token = -1;
 };
 
