@@ -127,10 +127,10 @@ TEST_P(Golden, LogitsAndGreedyMatchTransformers) {
       worst_abs = std::max(worst_abs, maxdiff);
     }
     std::printf(
-        "[%s prompt %d, %zu tokens] logits NMSE %.3g (%.2f%% of budget), max rel err %.3g (%.2f%% "
-        "of budget)\n",
+        "[%s prompt %d, %zu tokens] logits NMSE %.3g (%.2f%% of budget), max abs err %.3g, max rel "
+        "err %.3g (%.2f%% of budget)\n",
         preset.c_str(), k, ids.size(), worst_nmse, 100 * worst_nmse / tolerance::kGoldenLogitsNmse,
-        worst_rel, 100 * worst_rel / tolerance::kGoldenLogitsMaxRel);
+        worst_abs, worst_rel, 100 * worst_rel / tolerance::kGoldenLogitsMaxRel);
     EXPECT_LE(worst_nmse, tolerance::kGoldenLogitsNmse) << preset << " prompt " << k;
     EXPECT_LE(worst_rel, tolerance::kGoldenLogitsMaxRel) << preset << " prompt " << k;
 
