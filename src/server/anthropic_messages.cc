@@ -170,7 +170,7 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
                             {"tool_call_id", block.value("tool_use_id", "")},
                             {"content", result}});
       } else if (type == "image") {
-        return InvalidArgument(bpath + ": image input is not supported by this model");
+        return Unimplemented(bpath + ": image input is not supported by this model");
       } else if (type == "document") {
         text += "[document]";
       } else {

@@ -260,6 +260,9 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
                      "response_format"),
           flavor);
   }
+  if (chat->response_format.type == text::ResponseFormatType::kRegex)
+    return SendError(sink, Unsupported("response_format regex is not supported", "response_format"),
+                     flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
   auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
@@ -470,7 +473,7 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
   if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
   if (body->contains("suffix") && !(*body)["suffix"].is_null())
     return SendError(
-        sink, BadRequest("suffix (fill-in-the-middle) is not supported by this model", "suffix"),
+        sink, Unsupported("suffix (fill-in-the-middle) is not supported by this model", "suffix"),
         flavor);
   auto stream_options = ParseStreamOptions(*body);
   if (!stream_options.ok()) return SendError(sink, FromStatus(stream_options.status()), flavor);

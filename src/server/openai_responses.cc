@@ -17,7 +17,7 @@ Result<std::string> PartsText(const Json& content, const std::string& path) {
     std::string type = part.value("type", "");
     if (type != "input_text" && type != "output_text" && type != "text" &&
         type != "reasoning_text" && type != "summary_text")
-      return InvalidArgument(path + ": unsupported content part type '" + type + "'");
+      return Unimplemented(path + ": unsupported content part type '" + type + "'");
     auto text = part.find("text");
     if (text == part.end() || !text->is_string())
       return InvalidArgument(path + ": part text must be a string");
@@ -117,7 +117,7 @@ Result<Json> ResponsesToChatJson(const Json& body) {
     Json converted = Json::array();
     for (const auto& t : *tools) {
       if (!t.is_object() || t.value("type", "") != "function")
-        return InvalidArgument("tools: only function tools are supported");
+        return Unimplemented("tools: only function tools are supported");
       Json fn = {{"name", t.value("name", "")}};
       if (t.contains("description")) fn["description"] = t["description"];
       if (t.contains("parameters")) fn["parameters"] = t["parameters"];
@@ -368,8 +368,8 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
   if (body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null())
     return SendError(sink,
-                     BadRequest("previous_response_id is not supported (stateless Responses API)",
-                                "previous_response_id"),
+                     Unsupported("previous_response_id is not supported (stateless Responses API)",
+                                 "previous_response_id"),
                      flavor);
   auto stream = OptBool(*body, "stream");
   if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);

@@ -72,6 +72,15 @@ ApiError BadRequest(std::string message, std::string param) {
   return e;
 }
 
+ApiError Unsupported(std::string message, std::string param) {
+  ApiError e;
+  e.status = 422;
+  e.code = "unsupported_parameter";
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
 ApiError FromStatus(const Status& status) {
   ApiError e;
   e.message = status.message();
@@ -99,7 +108,8 @@ ApiError FromStatus(const Status& status) {
       e.retry_after_s = 5;
       break;
     case StatusCode::kUnimplemented:
-      e.status = 400;
+      e.status = 422;
+      e.code = "unsupported_parameter";
       break;
     case StatusCode::kNotFound:
       e.status = 404;

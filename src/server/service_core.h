@@ -33,6 +33,9 @@ struct ApiError {
 };
 
 ApiError BadRequest(std::string message, std::string param = "");
+// 422: well-formed and valid, but asks for something this server does not do (FIM suffix,
+// previous_response_id, image input, regex output constraints).
+ApiError Unsupported(std::string message, std::string param = "");
 // Maps an engine / renderer Status to the status code the API contract names (§3.5).
 ApiError FromStatus(const Status& status);
 Json ErrorBody(const ApiError& error, ApiFlavor flavor);

@@ -59,3 +59,9 @@ def test_messages_errors(url, claude):
     assert e.value.body["type"] == "error"
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(model="claude-dsinfer-test", max_tokens=4, messages=MSG, stop_sequences=[""])
+
+
+def test_image_input_is_422(claude, model):
+    with pytest.raises(anthropic.UnprocessableEntityError):
+        claude.messages.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])

@@ -225,3 +225,13 @@ def test_responses_cancel_endpoint(url, key, model):
     s.close()
     assert b"response.completed" not in data
     assert http("GET", "/v1/responses/" + rid, key=key).json()["status"] == "cancelled"
+
+
+def test_unsupported_features_are_422(oai, model):
+    with pytest.raises(openai.UnprocessableEntityError):
+        oai.completions.create(model=model, prompt="def f(", suffix="return 1", max_tokens=2)
+    with pytest.raises(openai.UnprocessableEntityError):
+        oai.chat.completions.create(model=model, messages=USER, max_tokens=2,
+                                    response_format={"type": "regex", "regex": "a+"})
+    with pytest.raises(openai.UnprocessableEntityError):
+        oai.responses.create(model=model, input="hi", previous_response_id="resp_x")
