@@ -312,9 +312,7 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
     if (end == GenerationEnd::kClientGone) return;
     events.CloseBlock();
     if (end == GenerationEnd::kError) {
-      ApiError e;
-      e.status = 500;
-      e.message = g.error().ok() ? "generation failed" : g.error().message();
+      ApiError e = GenerationFailed(g.error());
       sink.WriteChunk(SseEvent("error", ErrorBody(e, flavor)));
       sink.EndStream();
       return;
@@ -334,9 +332,7 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   GenerationEnd end = g.Run(nullptr, &sink);
   if (end == GenerationEnd::kClientGone) return;
   if (end == GenerationEnd::kError) {
-    ApiError e;
-    e.status = 500;
-    e.message = g.error().ok() ? "generation failed" : g.error().message();
+    ApiError e = GenerationFailed(g.error());
     return SendError(sink, e, flavor);
   }
   const SampleOutput& s = g.samples()[0];

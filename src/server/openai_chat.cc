@@ -153,9 +153,7 @@ class ChatStream final : public GenerationObserver {
   void Finish(GenerationEnd end) {
     if (end == GenerationEnd::kClientGone) return;
     if (end == GenerationEnd::kError) {
-      ApiError e;
-      e.status = 500;
-      e.message = generation_->error().ok() ? "generation failed" : generation_->error().message();
+      ApiError e = GenerationFailed(generation_->error());
       sink_.WriteChunk(SseData(ErrorBody(e, ApiFlavor::kOpenAI)));
     } else if (include_usage_) {
       Json chunk = Chunk(Json::array());
@@ -299,9 +297,7 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   GenerationEnd end = g.Run(nullptr, &sink);
   if (end == GenerationEnd::kClientGone) return;
   if (end == GenerationEnd::kError) {
-    ApiError e;
-    e.status = 500;
-    e.message = g.error().ok() ? "generation failed" : g.error().message();
+    ApiError e = GenerationFailed(g.error());
     return SendError(sink, e, flavor);
   }
   Json choices = Json::array();
@@ -437,9 +433,7 @@ class CompletionStream final : public GenerationObserver {
   void Finish(GenerationEnd end) {
     if (end == GenerationEnd::kClientGone) return;
     if (end == GenerationEnd::kError) {
-      ApiError e;
-      e.status = 500;
-      e.message = generation_->error().ok() ? "generation failed" : generation_->error().message();
+      ApiError e = GenerationFailed(generation_->error());
       sink_.WriteChunk(SseData(ErrorBody(e, ApiFlavor::kOpenAI)));
     } else if (include_usage_) {
       Json chunk = Chunk(Json::array());
@@ -536,9 +530,7 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
   GenerationEnd end = g.Run(nullptr, &sink);
   if (end == GenerationEnd::kClientGone) return;
   if (end == GenerationEnd::kError) {
-    ApiError e;
-    e.status = 500;
-    e.message = g.error().ok() ? "generation failed" : g.error().message();
+    ApiError e = GenerationFailed(g.error());
     return SendError(sink, e, flavor);
   }
   Json choices = Json::array();

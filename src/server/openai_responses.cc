@@ -333,7 +333,7 @@ class ResponseBuilder final : public GenerationObserver {
       response_["status"] = "failed";
       response_["error"] = {
           {"code", "server_error"},
-          {"message", g.error().ok() ? "generation failed" : g.error().message()}};
+          {"message", GenerationFailed(g.error()).message}};
     } else if (s.engine_finish == runtime::FinishReason::kLength && !s.stopped_by_sequence) {
       response_["status"] = "incomplete";
       response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
@@ -426,9 +426,7 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
     return;
   }
   if (end == GenerationEnd::kError) {
-    ApiError e;
-    e.status = 500;
-    e.message = g.error().ok() ? "generation failed" : g.error().message();
+    ApiError e = GenerationFailed(g.error());
     return SendError(sink, e, flavor);
   }
   SendJson(sink, 200, builder.response(), {{"x-request-id", id}});

@@ -417,4 +417,11 @@ bool Service::Core::CancelInFlight(const std::string& id) {
   return true;
 }
 
+ApiError GenerationFailed(const Status& error) {
+  ApiError e;
+  e.status = 500;
+  e.message = error.ok() ? "generation failed" : error.message();
+  return e;
+}
+
 }  // namespace dsinfer::server

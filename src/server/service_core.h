@@ -40,6 +40,8 @@ ApiError Unsupported(std::string message, std::string param = "");
 ApiError FromStatus(const Status& status);
 Json ErrorBody(const ApiError& error, ApiFlavor flavor);
 void SendError(ResponseSink& sink, const ApiError& error, ApiFlavor flavor);
+// The 500 for a generation that failed inside the engine (message: the engine's error, if any).
+ApiError GenerationFailed(const Status& error);
 void SendJson(ResponseSink& sink, int status, const Json& body, const HeaderList& headers = {});
 // dump() that never throws: ill-formed UTF-8 is replaced with U+FFFD.
 std::string Dump(const Json& j);
