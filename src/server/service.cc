@@ -1,6 +1,8 @@
 #include "server/service.h"
 
+#include <cctype>
 #include <cstdio>
+#include <optional>
 
 #include "server/service_core.h"
 #include "text/chat_json.h"
@@ -26,13 +28,59 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
+// Value of one RFC 4648 base64 digit (standard alphabet), -1 for any other byte.
+int Base64Digit(char ch) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+  if (ch == '+') return 62;
+  if (ch == '/') return 63;
+  return -1;
+}
+
+// Decodes base64 with optional '=' padding at the end; nullopt on anything malformed.
+std::optional<std::string> DecodeBase64(std::string_view in) {
+  for (int i = 0; i < 2 && !in.empty() && in.back() == '='; ++i) in.remove_suffix(1);
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : in) {
+    int v = Base64Digit(ch);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+bool HasPrefixNoCase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(s[i])) != prefix[i]) return false;
+  return true;
+}
+
+// Keys arrive as `Authorization: Bearer KEY`, `x-api-key: KEY`, or HTTP Basic with the key as
+// the password (what a browser sends after the login prompt the chat page's 401 triggers).
 bool Authorized(const Service::Core& core, const HttpRequest& request) {
   if (core.options.api_keys.empty()) return true;
   std::string_view presented;
+  std::string basic_password;
   if (const std::string* auth = request.Header("authorization")) {
     std::string_view v = Trim(*auth);
-    if (v.size() > 7 && (v.substr(0, 7) == "Bearer " || v.substr(0, 7) == "bearer "))
+    if (HasPrefixNoCase(v, "bearer ")) {
       presented = Trim(v.substr(7));
+    } else if (HasPrefixNoCase(v, "basic ")) {
+      if (auto decoded = DecodeBase64(Trim(v.substr(6)))) {
+        size_t colon = decoded->find(':');
+        if (colon != std::string::npos) basic_password = decoded->substr(colon + 1);
+      }
+      presented = basic_password;
+    }
   }
   if (presented.empty())
     if (const std::string* key = request.Header("x-api-key")) presented = Trim(*key);
@@ -179,8 +227,8 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
   const ApiFlavor flavor = FlavorFor(path);
   EnginePort* engine = core.engine.load();
 
-  // Open endpoints: liveness, readiness, and the static chat page (it holds no data; the API
-  // calls it makes carry the key the user types in).
+  // Open endpoints: liveness and readiness only. Everything else, the chat page included, needs
+  // a key when one is configured.
   if (path == "/health") return sink.Send(200, "application/json", "{\"status\":\"ok\"}");
   if (path == "/ready") {
     bool ready = engine != nullptr && engine->ready() && !core.draining.load();
@@ -189,6 +237,14 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
                      ready ? HeaderList{} : HeaderList{{"Retry-After", "1"}});
   }
   if (path == "/" || path == "/index.html") {
+    // A browser cannot attach a Bearer header to a navigation, so the page asks for HTTP Basic
+    // (any user name, the key as password); the browser then sends those credentials with the
+    // page's own API calls too.
+    if (!Authorized(core, request))
+      return sink.Send(401, "text/plain; charset=utf-8",
+                       "dsinfer: this server needs an API key. Sign in with any user name and the "
+                       "key as password.\n",
+                       {{"WWW-Authenticate", "Basic realm=\"dsinfer\", charset=\"UTF-8\""}});
     if (method != "GET" && method != "HEAD")
       return SendError(sink, ApiError{405, "use GET", "", "", "", 0, false}, flavor);
     return sink.Send(200, "text/html; charset=utf-8", ChatPageHtml(),

@@ -45,6 +45,7 @@ curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { echo "server never becam
 
 status=0
 DSINFER_URL="http://127.0.0.1:$port" DSINFER_KEY="$key" DSINFER_MODEL=dsinfer-test \
+  DSINFER_BIN="$dsinfer" DSINFER_MODEL_DIR="$model" \
   "$venv/bin/pytest" -q -p no:cacheprovider "$here" "$@" || status=$?
 
 # Graceful shutdown: SIGTERM while a request streams; the stream must end properly (finished or

@@ -389,6 +389,29 @@ TEST_F(ServiceTest, AuthAndOpenEndpoints) {
   EXPECT_EQ(Json::parse(anthropic.body)["error"]["type"], "authentication_error");
 }
 
+// The chat page is not open either: a browser gets a Basic challenge and signs in with the key
+// as password ("user:sk-test" is dXNlcjpzay10ZXN0); the same credentials work for the API.
+TEST_F(ServiceTest, ChatPageNeedsTheKeyThroughBasicAuth) {
+  HttpReply challenge = Request(port_, "GET", "/", "", "");
+  EXPECT_EQ(challenge.status, 401);
+  EXPECT_NE(challenge.headers.find("www-authenticate: basic realm=\"dsinfer\""), std::string::npos)
+      << challenge.headers;
+  EXPECT_EQ(challenge.body.find("<html"), std::string::npos);
+  HttpReply page = Request(port_, "GET", "/", "", "Authorization: Basic dXNlcjpzay10ZXN0\r\n");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("<html"), std::string::npos);
+  EXPECT_EQ(Request(port_, "GET", "/index.html", "", "Authorization: Bearer sk-test\r\n").status,
+            200);
+  EXPECT_EQ(
+      Request(port_, "GET", "/v1/models", "", "authorization: basic dXNlcjpzay10ZXN0\r\n").status,
+      200);
+  // Wrong password ("user:sk-tesT"), no colon ("sk-test"), and malformed base64 are refused.
+  for (const char* bad : {"Basic dXNlcjpzay10ZXNU", "Basic c2stdGVzdA==", "Basic !!!!", "Basic "})
+    EXPECT_EQ(Request(port_, "GET", "/", "", std::string("Authorization: ") + bad + "\r\n").status,
+              401)
+        << bad;
+}
+
 TEST_F(ServiceTest, ErrorShapesAndCodes) {
   HttpReply bad = Request(port_, "POST", "/v1/chat/completions", "{not json");
   EXPECT_EQ(bad.status, 400);

@@ -192,8 +192,9 @@ def test_health_ready_metrics(url, key):
         assert name in m, name
 
 
-def test_chat_page_served(url):
-    r = http("GET", "/")
+def test_chat_page_served(url, key):
+    assert http("GET", "/").status_code == 401  # only /health and /ready are open
+    r = http("GET", "/", key=key)
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "/v1/chat/completions" in r.text and "reasoning" in r.text
 
