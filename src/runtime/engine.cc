@@ -393,6 +393,9 @@ void Engine::Impl::Loop() {
         req->usage.prompt_tokens = s->n_prompt;
         waiting.push_back(std::move(s));
       }
+      // Submit's queue bound counts these now; waiting for the step's PublishStats would let a
+      // burst past max_queue while the step runs.
+      engine_waiting = static_cast<int>(waiting.size());
     }
     Step();
     PublishStats();

@@ -200,6 +200,28 @@ TEST(Engine, FloodWithinBudgetCompletesEverythingAndRejectsTheImpossible) {
               static_cast<long long>(engine->Stats().preemptions_total));
 }
 
+// The queue bound holds at every moment, including while the engine thread has just moved
+// arrivals to its own waiting list and is busy with a step.
+TEST(Engine, FullQueueRefusesAndTheQueuedRequestsStillFinish) {
+  auto engine = MakeEngine({.max_num_seqs = 1, .max_queue = 2});
+  auto running = engine->Submit(Greedy(Ids(10, 8), 400));
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE((*running)->Next().has_value());  // a token came: it holds the only slot
+  auto b = engine->Submit(Greedy(Ids(6, 9), 2));
+  auto c = engine->Submit(Greedy(Ids(6, 10), 2));
+  ASSERT_TRUE(b.ok() && c.ok());
+  for (int i = 0; i < 20; ++i) {  // across several steps of the running request
+    auto refused = engine->Submit(Greedy(Ids(6, 11), 2));
+    ASSERT_FALSE(refused.ok()) << "attempt " << i;
+    EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  (*running)->Cancel();
+  EXPECT_EQ(Collect(**b)[0].tokens.size(), 2u);
+  EXPECT_EQ(Collect(**c)[0].tokens.size(), 2u);
+  EXPECT_TRUE(engine->Submit(Greedy(Ids(6, 12), 1)).ok());
+}
+
 TEST(Engine, CancelStopsARequestAtTheNextStep) {
   auto engine = MakeEngine();
   auto s = engine->Submit(Greedy(Ids(10, 4), 100000 / 100));
