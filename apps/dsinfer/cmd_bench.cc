@@ -1,10 +1,15 @@
 // dsinfer bench model: prefill and decode throughput on the CPU backend with the bandwidth
 // roofline beside each figure (weight bytes a decode step must read / measured bandwidth).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
@@ -49,31 +54,198 @@ int64_t DenseWeightBytes(const model::ModelWeights& w) {
   return total;
 }
 
+// Peak resident set of this process (VmHWM), 0 where /proc is not available.
+int64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream in(line.substr(6));
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+  return 0;
+}
+
+int64_t PhysicalMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One line of the report (and of the CSV).
+struct BenchRow {
+  const char* workload = "";  // prefill | decode | mixed
+  int batch = 0;
+  int64_t context = 0;
+  int64_t tokens_per_step = 0;
+  double tok_s = 0;
+  double step_bytes = 0;  // distinct bytes the median step had to read
+  double roofline_tok_s = 0;
+};
+
+class ModelBench {
+ public:
+  ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, double read_gbps,
+             int repeats, int decode_steps, std::FILE* csv, int threads)
+      : cpu_(cpu),
+        read_gbps_(read_gbps),
+        repeats_(repeats),
+        decode_steps_(decode_steps),
+        csv_(csv),
+        threads_(threads),
+        dense_(DenseWeightBytes(weights)),
+        rng_(1),
+        token_(2, weights.config().vocab_size - 1) {}
+
+  // Extends `state` from its length to `context` in one prefill step; reports the chunk's rate.
+  bool Prefill(backend::cpu::SequenceState& state, int64_t context) {
+    std::vector<int32_t> chunk(context - state.n_tokens);  // [n] token ids
+    for (auto& t : chunk) t = token_(rng_);
+    backend::cpu::ForwardOutput out;
+    backend::cpu::SequenceChunk c{&state, chunk, {}, &out};
+    auto t0 = std::chrono::steady_clock::now();
+    if (!cpu_.ForwardBatch(std::span(&c, 1)).ok()) return false;
+    double s = Seconds(t0);
+    const auto n = static_cast<int64_t>(chunk.size());
+    Report({"prefill", 1, context, n, n / s, StepBytes(), 0});
+    return true;
+  }
+
+  // Decode at batch B: B copies of `prefilled`, each fed its own random token per step, so
+  // routing differs per sequence as in real traffic.
+  bool Decode(const backend::cpu::SequenceState& prefilled, int batch) {
+    std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
+    for (int i = 0; i < batch; ++i)
+      states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
+    std::vector<double> step_s, step_bytes;
+    std::vector<int32_t> toks(batch);  // [B] one new token per sequence
+    std::vector<backend::cpu::ForwardOutput> outs(batch);
+    std::vector<backend::cpu::SequenceChunk> chunks(batch);
+    for (int step = 0; step < decode_steps_; ++step) {
+      for (int i = 0; i < batch; ++i) {
+        toks[i] = token_(rng_);
+        chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      if (!cpu_.ForwardBatch(chunks).ok()) return false;
+      step_s.push_back(Seconds(t0));
+      step_bytes.push_back(StepBytes());
+    }
+    Report({"decode", batch, prefilled.n_tokens, batch, batch / Median(step_s), Median(step_bytes),
+            0});
+    return true;
+  }
+
+  // Continuous batching's typical step: B running decodes plus one new request's prefill chunk
+  // of `chunk_len` tokens in the same forward. Throughput counts every token of the step.
+  bool Mixed(const backend::cpu::SequenceState& prefilled, int batch, int chunk_len) {
+    std::vector<double> step_s, step_bytes;
+    for (int r = 0; r < repeats_; ++r) {
+      std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
+      for (int i = 0; i < batch; ++i)
+        states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
+      auto fresh = cpu_.NewSequence();
+      std::vector<int32_t> toks(batch + chunk_len);  // [B decode tokens | prefill chunk]
+      for (auto& t : toks) t = token_(rng_);
+      std::vector<backend::cpu::ForwardOutput> outs(batch + 1);
+      std::vector<backend::cpu::SequenceChunk> chunks(batch + 1);
+      for (int i = 0; i < batch; ++i)
+        chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
+      backend::cpu::ForwardOptions mid_prompt;
+      mid_prompt.want_logits = false;  // a chunk that ends mid-prompt needs no head
+      chunks[batch] = {fresh.get(), std::span<const int32_t>(toks.data() + batch, chunk_len),
+                       mid_prompt, &outs[batch]};
+      auto t0 = std::chrono::steady_clock::now();
+      if (!cpu_.ForwardBatch(chunks).ok()) return false;
+      step_s.push_back(Seconds(t0));
+      step_bytes.push_back(StepBytes());
+    }
+    Report({"mixed", batch, prefilled.n_tokens, batch + chunk_len,
+            (batch + chunk_len) / Median(step_s), Median(step_bytes), 0});
+    return true;
+  }
+
+ private:
+  // The last step's distinct bytes: dense weights once, each routed expert that got a token
+  // once, and the sequence state attention read.
+  double StepBytes() const {
+    const auto& st = cpu_.last_step_stats();
+    return static_cast<double>(dense_ + st.routed_expert_bytes + st.kv_bytes);
+  }
+
+  // The bandwidth roofline: a step cannot finish before its distinct bytes have been read once,
+  // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second.
+  void Report(BenchRow row) {
+    double floor_s = row.step_bytes / (read_gbps_ * 1e9);
+    row.roofline_tok_s = floor_s > 0 ? row.tokens_per_step / floor_s : 0;
+    std::printf("%-7s batch %3d context %6lld: %9.3f tok/s  step reads %8.1f MB  ", row.workload,
+                row.batch, static_cast<long long>(row.context), row.tok_s, row.step_bytes / 1e6);
+    std::printf("roofline %9.3f tok/s  %5.1f%%  peak RSS %.2f GB\n", row.roofline_tok_s,
+                row.roofline_tok_s > 0 ? 100.0 * row.tok_s / row.roofline_tok_s : 0.0,
+                PeakResidentBytes() / 1e9);
+    if (csv_)
+      std::fprintf(csv_, "%s,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f,%lld\n", row.workload, row.batch,
+                   static_cast<long long>(row.context), threads_, read_gbps_, row.tok_s,
+                   row.step_bytes, row.roofline_tok_s,
+                   row.roofline_tok_s > 0 ? row.tok_s / row.roofline_tok_s : 0.0,
+                   static_cast<long long>(PeakResidentBytes()));
+  }
+
+  backend::cpu::CpuModel& cpu_;
+  double read_gbps_;
+  int repeats_, decode_steps_;
+  std::FILE* csv_;
+  int threads_;
+  int64_t dense_;
+  std::mt19937 rng_;
+  std::uniform_int_distribution<int> token_;
+};
+
 }  // namespace
 
 int RunBench(int argc, char** argv) {
   const char* usage =
-      "dsinfer bench model --model DIR [--prompt-len N] [--decode N] [--repeats N] [--threads N] "
-      "[--csv FILE] "
-      "[--batch 1,4,16,64] [--numerics official|fp32-reference]";
+      "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
+      "[--mixed-chunk N] [--decode N] [--repeats N] [--threads N] [--memory BYTES] [--csv FILE] "
+      "[--numerics official|fp32-reference]";
   if (argc < 2 || std::strcmp(argv[1], "model") != 0) {
     std::fprintf(stderr, "usage: %s\n", usage);
     return 2;
   }
   Args args;
-  if (!args.Parse(
-          argc - 1, argv + 1,
-          {"model", "prompt-len", "decode", "repeats", "threads", "csv", "numerics", "batch"},
-          {}) ||
+  if (!args.Parse(argc - 1, argv + 1,
+                  {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
+                   "numerics", "batch", "mixed-chunk", "memory"},
+                  {}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
   }
-  long long prompt_len = 256, decode = 16, repeats = 3, threads = 0;
-  if (!args.GetInt("prompt-len", &prompt_len) || !args.GetInt("decode", &decode) ||
-      !args.GetInt("repeats", &repeats) || !args.GetInt("threads", &threads) || prompt_len < 1 ||
-      decode < 1 || repeats < 1) {
-    std::fprintf(stderr, "dsinfer: %s\n", args.error().c_str());
+  long long decode = 8, repeats = 3, threads = 0, mixed_chunk = 256, memory = 0;
+  if (!args.GetInt("decode", &decode) || !args.GetInt("repeats", &repeats) ||
+      !args.GetInt("threads", &threads) || !args.GetInt("mixed-chunk", &mixed_chunk) ||
+      !args.GetInt("memory", &memory) || decode < 1 || repeats < 1 || mixed_chunk < 0 ||
+      memory < 0) {
+    std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
+    return 2;
+  }
+  // --prompt-len N is the older spelling of a single frontier.
+  std::vector<int32_t> contexts, batches;
+  if (!ParseIdList(args.GetOr("context", args.GetOr("prompt-len", "512,1024,2048,4096")),
+                   &contexts) ||
+      !ParseIdList(args.GetOr("batch", "1,4,16,64"), &batches) || contexts.empty() ||
+      batches.empty()) {
+    std::fprintf(stderr, "dsinfer: --context and --batch take lists like 512,1024 / 1,4,16\n");
+    return 2;
+  }
+  std::sort(contexts.begin(), contexts.end());
+  if (contexts.front() < 1 || *std::min_element(batches.begin(), batches.end()) < 1) {
+    std::fprintf(stderr, "dsinfer: contexts and batch sizes must be >= 1\n");
     return 2;
   }
   backend::Numerics numerics = args.GetOr("numerics", "official") == "official"
@@ -91,85 +263,75 @@ int RunBench(int argc, char** argv) {
   BandwidthResult bw = MeasureMemoryBandwidth(pool);
   std::fprintf(stderr, "memory bandwidth (read, median of 5): %.2f GB/s; copy %.2f GB/s\n",
                bw.read_gbps, bw.copy_gbps);
-  auto cpu = backend::cpu::CpuModel::Create(**weights, numerics, pool);
-  if (!cpu.ok()) return 1;
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int> dist(2, c.vocab_size - 1);
-  std::vector<int32_t> prompt(prompt_len);
-  for (auto& t : prompt) t = dist(rng);
-
-  std::vector<int32_t> batches;
-  if (!ParseIdList(args.GetOr("batch", "1"), &batches)) {
-    std::fprintf(stderr, "dsinfer: --batch must be a list like 1,4,16\n");
-    return 2;
+  // The probe's buffers are freed; reset the peak-RSS mark (Linux: "5" to clear_refs) so the
+  // reported peak is the model's own.
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
   }
-  const int64_t dense = DenseWeightBytes(**weights);
+  auto cpu = backend::cpu::CpuModel::Create(**weights, numerics, pool);
+  if (!cpu.ok()) {
+    std::fprintf(stderr, "dsinfer: %s\n", cpu.status().ToString().c_str());
+    return 1;
+  }
+  // State memory: the largest batch's copies of the state at each frontier must fit in
+  // --memory (default half the RAM); larger frontiers are skipped, saying why.
+  const int64_t budget = memory > 0 ? memory : PhysicalMemoryBytes() / 2;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  // The window ring is a fixed cost; compressed rows and indexer keys grow with the context, so
+  // both the whole state and its marginal cost per token are shown.
+  for (int32_t ctx : contexts) {
+    int64_t at = (*cpu)->StateBytesAt(ctx), twice = (*cpu)->StateBytesAt(int64_t{2} * ctx);
+    std::printf("sequence state at context %d: %.2f MB (%.1f KB/token; marginal %.1f KB/token)\n",
+                ctx, at / 1e6, at / 1e3 / ctx, (twice - at) / 1e3 / ctx);
+  }
   std::FILE* csv = nullptr;
   if (auto path = args.Get("csv")) {
     csv = std::fopen(path->c_str(), "w");
-    if (!csv) return 1;
-    std::fprintf(
-        csv,
-        "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,ratio\n");
-  }
-
-  // Prefill: one sequence, whole prompt in one step (median of repeats).
-  std::vector<double> prefill_s;
-  std::unique_ptr<backend::cpu::SequenceState> prefilled;
-  for (long long r = 0; r < repeats; ++r) {
-    auto state = (*cpu)->NewSequence();
-    backend::cpu::ForwardOutput out;
-    auto t0 = std::chrono::steady_clock::now();
-    if (!(*cpu)->Forward(*state, prompt, {}, &out).ok()) return 1;
-    prefill_s.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    prefilled = std::move(state);
-  }
-  const double prefill_tps = prompt_len / Median(prefill_s);
-  std::printf("prefill: %lld tokens in one step: %.2f tok/s (median of %lld)\n", prompt_len,
-              prefill_tps, repeats);
-  if (csv)
-    std::fprintf(csv, "prefill,1,%lld,%d,%.3f,%.4f,,,\n", prompt_len, pool.size(), bw.read_gbps,
-                 prefill_tps);
-
-  // Decode at batch B: B sequences at the same context (copies of the prefilled state), each fed
-  // its own random token per step, so routing differs per sequence as in real traffic. The
-  // roofline of a step is the distinct bytes it must read (dense weights once, each routed
-  // expert that got a token once, every sequence's KV state) over the measured bandwidth.
-  for (int32_t B : batches) {
-    if (B < 1) continue;
-    std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
-    for (int i = 0; i < B; ++i)
-      states.push_back(std::make_unique<backend::cpu::SequenceState>(*prefilled));
-    std::vector<double> step_s, step_bytes;
-    std::vector<int32_t> toks(B);
-    std::vector<backend::cpu::ForwardOutput> outs(B);
-    std::vector<backend::cpu::SequenceChunk> chunks(B);
-    for (long long step = 0; step < decode; ++step) {
-      for (int i = 0; i < B; ++i) {
-        toks[i] = dist(rng);
-        chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
-      }
-      auto t0 = std::chrono::steady_clock::now();
-      if (!(*cpu)->ForwardBatch(chunks).ok()) return 1;
-      step_s.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      const auto& st = (*cpu)->last_step_stats();
-      step_bytes.push_back(static_cast<double>(dense + st.routed_expert_bytes + st.kv_bytes));
+    if (!csv) {
+      std::fprintf(stderr, "dsinfer: cannot write %s\n", path->c_str());
+      return 1;
     }
-    double tps = B / Median(step_s);
-    double bytes = Median(step_bytes);
-    double roof = B * bw.read_gbps * 1e9 / bytes;
-    std::printf(
-        "decode batch %3d at context %lld: %8.3f tok/s; step reads %.1f MB -> roofline %.3f tok/s: "
-        "%.1f%%\n",
-        B, prompt_len, tps, bytes / 1e6, roof, 100.0 * tps / roof);
-    if (csv)
-      std::fprintf(csv, "decode,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f\n", B, prompt_len, pool.size(),
-                   bw.read_gbps, tps, bytes, roof, tps / roof);
+    std::fprintf(csv,
+                 "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,"
+                 "ratio,peak_rss_bytes\n");
+  }
+  ModelBench bench(**weights, **cpu, bw.read_gbps, static_cast<int>(repeats),
+                   static_cast<int>(decode), csv, pool.size());
+  // One sequence grows from frontier to frontier (each prefill step is the chunk between two
+  // frontiers); decode and mixed steps run on copies of it at each frontier.
+  auto state = (*cpu)->NewSequence();
+  int status = 0;
+  for (int32_t ctx : contexts) {
+    int64_t need = (*cpu)->StateBytesAt(ctx) * (max_batch + 1);
+    if (need > budget) {
+      std::printf("context %d skipped: batch %d needs %.2f GB of state, over %.2f GB\n", ctx,
+                  max_batch, need / 1e9, budget / 1e9);
+      break;
+    }
+    if (ctx == state->n_tokens) continue;  // duplicate frontier
+    if (!bench.Prefill(*state, ctx)) {
+      status = 1;
+      break;
+    }
+    for (int32_t b : batches)
+      if (!bench.Decode(*state, b)) {
+        status = 1;
+        break;
+      }
+    if (mixed_chunk > 0)
+      for (int32_t b : batches)
+        if (!bench.Mixed(*state, b, static_cast<int>(mixed_chunk))) {
+          status = 1;
+          break;
+        }
+    if (status) break;
   }
   if (csv) std::fclose(csv);
-  return 0;
+  std::printf("peak resident memory: %.2f GB (weights are mmapped: pages read count)\n",
+              PeakResidentBytes() / 1e9);
+  if (status) std::fprintf(stderr, "dsinfer: a forward step failed\n");
+  return status;
 }
 
 }  // namespace dsinfer::cli

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `dsinfer bench model` end to end on a tiny checkpoint: every (workload, batch, context) row is
+# in the CSV with positive figures and a roofline, the peak RSS is reported, and a frontier whose
+# state cannot fit the memory budget is skipped with a reason rather than run out of memory.
+# Usage: tests/apps/bench_model_test.sh BUILD_DIR
+set -euo pipefail
+build="$(cd "$1" && pwd)"
+dsinfer="$build/apps/dsinfer"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$dsinfer" create-demo-model "$work/model" --preset tiny-a --seed 3 >/dev/null
+"$dsinfer" bench model --model "$work/model" --context 16,48,100000000 --batch 1,3 --decode 2 \
+  --repeats 1 --mixed-chunk 8 --threads 2 --memory 200000000 --csv "$work/out.csv" >"$work/out.txt"
+cat "$work/out.txt"
+grep -q "context 100000000 skipped: batch 3 needs" "$work/out.txt"
+grep -q "^peak resident memory: " "$work/out.txt"
+grep -q "^sequence state at context 48: .* KB/token" "$work/out.txt"
+python3 - "$work/out.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+want = {("prefill", 1, 16), ("prefill", 1, 48)}
+want |= {(w, b, c) for w in ("decode", "mixed") for b in (1, 3) for c in (16, 48)}
+got = {(r["workload"], int(r["batch"]), int(r["context"])) for r in rows}
+assert got == want, (sorted(got ^ want))
+for r in rows:
+    for key in ("tok_s", "step_bytes", "roofline_tok_s", "ratio", "peak_rss_bytes", "bandwidth_gbps"):
+        assert float(r[key]) > 0, (r, key)
+    # The roofline is tokens of the step over (its bytes / bandwidth).
+    tokens = {"prefill": 16 if r["context"] == "16" else 32, "decode": int(r["batch"]),
+              "mixed": int(r["batch"]) + 8}[r["workload"]]
+    roof = tokens / (float(r["step_bytes"]) / (float(r["bandwidth_gbps"]) * 1e9))
+    assert abs(roof / float(r["roofline_tok_s"]) - 1) < 1e-3, (r, roof)
+print("bench model CSV ok:", len(rows), "rows")
+PY
