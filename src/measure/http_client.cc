@@ -1,0 +1,191 @@
+#include "measure/http_client.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace dsinfer::measure {
+namespace {
+
+namespace http = boost::beast::http;
+using Clock = std::chrono::steady_clock;
+
+int MillisLeft(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+// Closes the socket on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Beast's SyncReadStream over a socket with a deadline on each read.
+class DeadlineStream {
+ public:
+  DeadlineStream(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
+  template <class Buffers>
+  size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
+    ec = {};
+    auto first = boost::asio::buffer_sequence_begin(buffers);
+    if (first == boost::asio::buffer_sequence_end(buffers)) return 0;
+    boost::asio::mutable_buffer buffer = *first;
+    if (buffer.size() == 0) return 0;
+    for (;;) {
+      const int wait_ms = MillisLeft(deadline_);
+      if (wait_ms <= 0) {
+        ec = boost::asio::error::timed_out;
+        return 0;
+      }
+      pollfd pfd{fd_, POLLIN, 0};
+      const int r = ::poll(&pfd, 1, wait_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) continue;  // re-check the deadline (errors surface from recv)
+      const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n < 0) {
+        ec = boost::system::error_code(errno, boost::system::system_category());
+        return 0;
+      }
+      if (n == 0) {
+        ec = boost::asio::error::eof;
+        return 0;
+      }
+      return static_cast<size_t>(n);
+    }
+  }
+  template <class Buffers>
+  size_t read_some(const Buffers& buffers) {  // Beast's trait requires it; never called
+    boost::system::error_code ec;
+    size_t n = read_some(buffers, ec);
+    if (ec) throw boost::system::system_error(ec);
+    return n;
+  }
+
+ private:
+  int fd_;
+  Clock::time_point deadline_;
+};
+
+Status SendAll(int fd, std::string_view data, Clock::time_point deadline) {
+  while (!data.empty()) {
+    const int wait_ms = MillisLeft(deadline);
+    if (wait_ms <= 0) return Status(StatusCode::kCancelled, "timed out sending the request");
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, wait_ms) <= 0) continue;
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) return IoError(std::string("send: ") + std::strerror(errno));
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+Result<int> Connect(const Url& url) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(url.port);
+  if (int rc = ::getaddrinfo(url.host.c_str(), port.c_str(), &hints, &found); rc != 0)
+    return IoError("resolve " + url.host + ": " + ::gai_strerror(rc));
+  int fd = -1;
+  std::string last_error = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+    last_error = std::strerror(errno);
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) return IoError("connect " + url.host + ":" + port + ": " + last_error);
+  return fd;
+}
+
+}  // namespace
+
+Result<Url> ParseUrl(const std::string& text) {
+  const std::string scheme = "http://";
+  if (text.rfind(scheme, 0) != 0)
+    return InvalidArgument("url '" + text + "': only http:// is supported");
+  std::string rest = text.substr(scheme.size());
+  Url url;
+  const size_t slash = rest.find('/');
+  if (slash != std::string::npos) {
+    url.path_prefix = rest.substr(slash);
+    while (!url.path_prefix.empty() && url.path_prefix.back() == '/') url.path_prefix.pop_back();
+    rest = rest.substr(0, slash);
+  }
+  const size_t colon = rest.rfind(':');
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    const long port = std::strtol(rest.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || port <= 0 || port > 65535)
+      return InvalidArgument("url '" + text + "': bad port");
+    url.port = static_cast<int>(port);
+    rest = rest.substr(0, colon);
+  }
+  if (rest.empty()) return InvalidArgument("url '" + text + "': no host");
+  url.host = rest;
+  return url;
+}
+
+Result<HttpResult> HttpCall(const Url& url, const HttpRequestSpec& request,
+                            const std::function<void(std::string_view)>& on_body) {
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
+  DSINFER_ASSIGN_OR_RETURN(int raw_fd, Connect(url));
+  Fd fd{raw_fd};
+  std::string head = request.method + " " + url.path_prefix + request.path + " HTTP/1.1\r\n";
+  head += "Host: " + url.host + ":" + std::to_string(url.port) + "\r\n";
+  head += "Connection: close\r\n";
+  for (const auto& [k, v] : request.headers) head += k + ": " + v + "\r\n";
+  if (!request.body.empty() || request.method == "POST")
+    head += "Content-Length: " + std::to_string(request.body.size()) + "\r\n";
+  head += "\r\n";
+  DSINFER_RETURN_IF_ERROR(SendAll(fd.fd, head + request.body, deadline));
+
+  DeadlineStream stream(fd.fd, deadline);
+  boost::beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(boost::none);
+  boost::system::error_code ec;
+  http::read_header(stream, buffer, parser, ec);
+  if (ec) return IoError("reading the response header: " + ec.message());
+  HttpResult result;
+  result.status = static_cast<int>(parser.get().result_int());
+  char piece[16384];  // one body read's bytes
+  while (!parser.is_done()) {
+    parser.get().body().data = piece;
+    parser.get().body().size = sizeof(piece);
+    http::read_some(stream, buffer, parser, ec);  // returns as soon as some body arrived
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) return IoError("reading the response body: " + ec.message());
+    const size_t n = sizeof(piece) - parser.get().body().size;
+    if (n == 0) continue;
+    if (on_body) {
+      on_body(std::string_view(piece, n));
+    } else {
+      result.body.append(piece, n);
+    }
+  }
+  return result;
+}
+
+}  // namespace dsinfer::measure
