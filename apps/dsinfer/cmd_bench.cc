@@ -213,6 +213,8 @@ int RunBench(int argc, char** argv) {
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
       "[--mixed-chunk N] [--decode N] [--repeats N] [--threads N] [--memory BYTES] [--csv FILE] "
       "[--numerics official|fp32-reference]";
+  // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
+  if (argc >= 2 && std::strcmp(argv[1], "serve") == 0) return RunBenchServe(argc - 1, argv + 1);
   if (argc < 2 || std::strcmp(argv[1], "model") != 0) {
     std::fprintf(stderr, "usage: %s\n", usage);
     return 2;

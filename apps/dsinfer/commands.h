@@ -8,6 +8,7 @@ int RunCreateDemoModel(int argc, char** argv);
 int RunGenerate(int argc, char** argv);
 int RunLogits(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunBenchServe(int argc, char** argv);  // cmd_bench_serve.cc, via `bench serve`
 int RunInspect(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunDetokenize(int argc, char** argv);

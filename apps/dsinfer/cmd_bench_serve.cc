@@ -1,0 +1,152 @@
+// dsinfer bench serve: drives an OpenAI-compatible server with streaming requests and reports
+// TTFT, TPOT, ITL, end-to-end latency, throughput and goodput per concurrency level (JSON, CSV).
+// The work is in src/measure/load.cc; this file parses flags and writes the reports.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "measure/load.h"
+
+namespace dsinfer::cli {
+namespace {
+
+bool ParseIntList(const std::string& text, std::vector<int>* out) {
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1) return false;
+    out->push_back(static_cast<int>(v));
+  }
+  return !out->empty();
+}
+
+// "ttft=500,tpot=50,e2e=2000" (milliseconds).
+bool ParseSlo(const std::string& text, measure::LoadConfig* cfg) {
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    const double v = std::atof(item.c_str() + eq + 1);
+    const std::string key = item.substr(0, eq);
+    if (key == "ttft")
+      cfg->slo_ttft_ms = v;
+    else if (key == "tpot")
+      cfg->slo_tpot_ms = v;
+    else if (key == "e2e")
+      cfg->slo_e2e_ms = v;
+    else
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunBenchServe(int argc, char** argv) {
+  const char* usage =
+      "dsinfer bench serve --url http://HOST:PORT [--api-key K] [--model NAME] [--num-prompts N] "
+      "[--input-len L] [--output-len L] [--vocab N] [--concurrency 1,4,16 | --request-rate R] "
+      "[--seed S] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
+      "[--output-json FILE] [--csv FILE] [--timeout S]";
+  Args args;
+  if (!args.Parse(argc, argv,
+                  {"url", "api-key", "model", "num-prompts", "input-len", "output-len", "vocab",
+                   "concurrency", "request-rate", "seed", "endpoint", "slo", "output-json", "csv",
+                   "timeout"},
+                  {}) ||
+      !args.Has("url")) {
+    std::fprintf(stderr, "%s\nusage: %s\n", args.error().c_str(), usage);
+    return 2;
+  }
+  measure::LoadConfig cfg;
+  auto url = measure::ParseUrl(*args.Get("url"));
+  if (!url.ok()) {
+    std::fprintf(stderr, "bench serve: %s\n", url.status().ToString().c_str());
+    return 2;
+  }
+  cfg.url = *url;
+  cfg.api_key = args.GetOr("api-key", "");
+  cfg.model = args.GetOr("model", "");
+  long long n = 0;
+  double d = 0;
+  if (args.Has("num-prompts") && args.GetInt("num-prompts", &n))
+    cfg.num_prompts = static_cast<int>(n);
+  if (args.Has("input-len") && args.GetInt("input-len", &n)) cfg.input_len = static_cast<int>(n);
+  if (args.Has("output-len") && args.GetInt("output-len", &n)) cfg.output_len = static_cast<int>(n);
+  if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.vocab_hint = static_cast<int>(n);
+  if (args.Has("seed") && args.GetInt("seed", &n)) cfg.seed = static_cast<uint64_t>(n);
+  if (args.Has("request-rate") && args.GetDouble("request-rate", &d)) cfg.request_rate = d;
+  if (args.Has("timeout") && args.GetDouble("timeout", &d)) cfg.timeout_s = d;
+  if (!args.error().empty()) {
+    std::fprintf(stderr, "bench serve: %s\n", args.error().c_str());
+    return 2;
+  }
+  const std::string endpoint = args.GetOr("endpoint", "completions");
+  if (endpoint != "completions" && endpoint != "chat") {
+    std::fprintf(stderr, "bench serve: --endpoint must be completions or chat\n");
+    return 2;
+  }
+  cfg.chat = endpoint == "chat";
+  if (args.Has("slo") && !ParseSlo(*args.Get("slo"), &cfg)) {
+    std::fprintf(stderr, "bench serve: bad --slo (ttft=MS,tpot=MS,e2e=MS)\n");
+    return 2;
+  }
+  std::vector<int> levels;
+  if (cfg.request_rate > 0) {
+    levels = {0};
+  } else if (!ParseIntList(args.GetOr("concurrency", "1"), &levels)) {
+    std::fprintf(stderr, "bench serve: bad --concurrency\n");
+    return 2;
+  }
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  std::string levels_json, csv = measure::CsvHeader();
+  int failed_total = 0;
+  for (int c : levels) {
+    auto progress = [&](int done, int total) {
+      if (tty) {
+        const int width = 30, filled = width * done / total;
+        std::fprintf(stderr, "\rconcurrency %d [%s%s] %d/%d", c, std::string(filled, '#').c_str(),
+                     std::string(width - filled, '.').c_str(), done, total);
+        if (done == total) std::fprintf(stderr, "\n");
+      } else if (done == total || done % std::max(1, total / 4) == 0) {
+        std::fprintf(stderr, "concurrency %d: %d/%d requests\n", c, done, total);
+      }
+    };
+    measure::LevelResult level = measure::RunLevel(cfg, c, progress);
+    for (const auto& r : level.records) {
+      if (!r.ok && failed_total == 0)
+        std::fprintf(stderr, "bench serve: first failure: %s %s\n", r.error.c_str(),
+                     r.detail.c_str());
+      failed_total += r.ok ? 0 : 1;
+    }
+    if (!levels_json.empty()) levels_json += ",";
+    levels_json += measure::LevelJson(cfg, level);
+    csv += measure::LevelCsv(cfg, level);
+  }
+  std::printf("%s", csv.c_str());
+  if (args.Has("csv")) std::ofstream(*args.Get("csv")) << csv;
+  if (args.Has("output-json")) {
+    char config[1024];
+    std::snprintf(config, sizeof(config),
+                  "{\"url\":\"%s\",\"endpoint\":\"%s\",\"num_prompts\":%d,\"input_len\":%d,"
+                  "\"output_len\":%d,\"seed\":%llu,\"request_rate\":%g,\"slo_ms\":{\"ttft\":%g,"
+                  "\"tpot\":%g,\"e2e\":%g}}",
+                  args.Get("url")->c_str(), endpoint.c_str(), cfg.num_prompts, cfg.input_len,
+                  cfg.output_len, static_cast<unsigned long long>(cfg.seed), cfg.request_rate,
+                  cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2e_ms);
+    std::ofstream(*args.Get("output-json"))
+        << "{\"config\":" << config << ",\"results\":[" << levels_json << "]}\n";
+  }
+  return failed_total == 0 ? 0 : 1;
+}
+
+}  // namespace dsinfer::cli
