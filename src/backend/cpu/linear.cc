@@ -147,41 +147,53 @@ inline __m256 LoadE4M3x8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
 }
 
-// Fused dequantize-and-dot for a few tokens (decode): each weight row is read once, converted
-// in registers and multiplied into all M token rows, with no intermediate buffer. y[i*ldy + r].
-template <int M>
-void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, float* y, int64_t ldy,
-              int64_t y_offset) {
+// Fused dequantize-and-dot of R weight rows with M token rows: each weight row is read once,
+// converted in registers and multiplied into all M token rows, with no intermediate buffer.
+// Writes y[j*ldy + y_col + i] for row r + i. R rows run side by side only to give the core
+// independent FMA chains (at M = 1 a single row is one latency-bound chain); every (row, token)
+// dot product is the same instruction sequence for any R and M, so results never depend on them.
+template <int M, int R>
+void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, int64_t ldy,
+                  int64_t y_col) {
   const int64_t k = w.cols;
-  for (int64_t r = r0; r < r1; ++r) {
-    __m256 acc[M];
-    for (int j = 0; j < M; ++j) acc[j] = _mm256_setzero_ps();
-    if (w.format == WeightFormat::kBF16) {
-      const uint8_t* row = w.data + r * k * 2;
-      for (int64_t c = 0; c < k; c += 8) {
-        __m256 wv = LoadBf16x8(row + 2 * c);
+  __m256 acc[R][M];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < M; ++j) acc[i][j] = _mm256_setzero_ps();
+  if (w.format == WeightFormat::kBF16) {
+    const uint8_t* rows = w.data + r * k * 2;  // [R, k] bf16
+    for (int64_t c = 0; c < k; c += 8) {
+      for (int i = 0; i < R; ++i) {
+        __m256 wv = LoadBf16x8(rows + i * k * 2 + 2 * c);
         for (int j = 0; j < M; ++j)
-          acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), acc[j]);
+          acc[i][j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), acc[i][j]);
       }
-    } else if (w.format == WeightFormat::kFp8Block) {
-      const uint8_t* row = w.data + r * k;
-      for (int64_t c0 = 0; c0 < k; c0 += 128) {
-        __m256 part[M];
-        for (int j = 0; j < M; ++j) part[j] = _mm256_setzero_ps();
-        for (int64_t c = c0; c < c0 + 128; c += 8) {
-          __m256 wv = LoadE4M3x8(row + c);
+    }
+  } else if (w.format == WeightFormat::kFp8Block) {
+    const uint8_t* rows = w.data + r * k;  // [R, k] e4m3, one scale per 128x128 block
+    for (int64_t c0 = 0; c0 < k; c0 += 128) {
+      __m256 part[R][M];
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < M; ++j) part[i][j] = _mm256_setzero_ps();
+      for (int64_t c = c0; c < c0 + 128; c += 8) {
+        for (int i = 0; i < R; ++i) {
+          __m256 wv = LoadE4M3x8(rows + i * k + c);
           for (int j = 0; j < M; ++j)
-            part[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), part[j]);
+            part[i][j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j * k + c), part[i][j]);
         }
-        __m256 s = _mm256_set1_ps(w.Scale(r, c0) * 256.0f);
-        for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(part[j], s, acc[j]);
       }
-    } else {  // kFp4Packed
-      const uint8_t* row = w.data + r * (k / 2);
-      const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-      const __m128i mask = _mm_set1_epi8(0x0f);
-      for (int64_t c0 = 0; c0 < k; c0 += 32) {
-        __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0 / 2));
+      for (int i = 0; i < R; ++i) {
+        __m256 s = _mm256_set1_ps(w.Scale(r + i, c0) * 256.0f);
+        for (int j = 0; j < M; ++j) acc[i][j] = _mm256_fmadd_ps(part[i][j], s, acc[i][j]);
+      }
+    }
+  } else {  // kFp4Packed: [R, k/2] bytes, two e2m1 codes each, one scale per 32 columns
+    const uint8_t* rows = w.data + r * (k / 2);
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    for (int64_t c0 = 0; c0 < k; c0 += 32) {
+      for (int i = 0; i < R; ++i) {
+        __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + i * (k / 2) + c0 / 2));
         __m128i lo = _mm_and_si128(bytes, mask);
         __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
         __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
@@ -190,19 +202,31 @@ void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, flo
         __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
         __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
         __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
-        __m256 s = _mm256_set1_ps(w.Scale(r, c0) * 0.5f);
+        __m256 s = _mm256_set1_ps(w.Scale(r + i, c0) * 0.5f);
         for (int j = 0; j < M; ++j) {
           const float* xj = x + j * k + c0;
           __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xj));
           p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), p);
           p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), p);
           p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), p);
-          acc[j] = _mm256_fmadd_ps(p, s, acc[j]);
+          acc[i][j] = _mm256_fmadd_ps(p, s, acc[i][j]);
         }
       }
     }
-    for (int j = 0; j < M; ++j) y[j * ldy + y_offset + (r - r0)] = HorizontalSum(acc[j]);
   }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < M; ++j) y[j * ldy + y_col + i] = HorizontalSum(acc[i][j]);
+}
+
+// Rows [r0, r1) against M token rows; y[j*ldy + y_offset + (r - r0)]. Fewer tokens, more rows
+// side by side, so about four independent accumulator chains are always in flight.
+template <int M>
+void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, float* y, int64_t ldy,
+              int64_t y_offset) {
+  constexpr int kRows = M >= 4 ? 1 : 4 / M;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) GemvRowBlock<M, kRows>(w, r, x, y, ldy, y_offset + (r - r0));
+  for (; r < r1; ++r) GemvRowBlock<M, 1>(w, r, x, y, ldy, y_offset + (r - r0));
 }
 
 bool FusedGemvApplies(const WeightMatrix& w) {
