@@ -240,17 +240,6 @@ class Binder : public TensorWalker {
 
 }  // namespace
 
-float WeightMatrix::Scale(int64_t r, int64_t c) const {
-  int64_t idx = format == WeightFormat::kFp4Packed ? r * scale_cols + c / 32
-                                                   : (r / 128) * scale_cols + c / 128;
-  if (scale_dtype == DType::kF32) {
-    float v;
-    std::memcpy(&v, scales + idx * 4, 4);
-    return v;
-  }
-  return E8M0ToF32(scales[idx]);
-}
-
 int64_t WeightMatrix::Bytes() const {
   switch (format) {
     case WeightFormat::kF32:
