@@ -1,0 +1,56 @@
+// GPU-vs-CPU op conformance checks, callable as a library (by `dsinfer doctor`) and by the
+// test_cuda suite. Each check builds seeded random inputs in the checkpoint's formats, runs the
+// CUDA op and the CPU backend's op (backend/cpu, the oracle) on the same data, and compares
+// element by element against an error budget; outputs are surrounded by guard bytes that must
+// survive, and start as NaN so an element the kernel forgot to write fails the comparison.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device.h"
+#include "model/weights.h"
+
+namespace dsinfer::backend::cuda {
+
+// Error budgets (derived, not yet measured on a GPU: docs/SUPPORT.md). The GPU differs from the
+// CPU only by fp32 summation order and libm (expf, sqrtf are the same IEEE ops on both sides).
+// A length-K fp32 dot product has a rounding error well below u*sqrt(K)*sum|x*w| on each side
+// (u = 2^-24); 1e-5 of sum|x*w| is > 20x that for K = 8192.
+inline constexpr double kMatMulRelToSumAbs = 1e-5;
+// fp32 elementwise ops after a reduction (RMSNorm, mHC): relative to the element, plus a floor
+// relative to the row's largest element for cancellation.
+inline constexpr double kElementwiseRel = 2e-5;
+inline constexpr double kElementwiseFloor = 1e-6;
+// Outputs rounded to bf16 may land one bf16 ulp (<= 2^-7 |x|) apart when the fp32 values before
+// rounding straddle a rounding boundary.
+inline constexpr double kBf16Ulp = 1.0 / 128.0;
+
+struct CheckResult {
+  std::string op;     // "matmul/fp8-e8m0", "rmsnorm/bf16", ...
+  std::string shape;  // "m=3 rows=200 cols=384"
+  bool ok = false;
+  double budget_share = 0;  // worst |gpu - cpu| / budget over the elements (ok needs <= 1)
+  std::string detail;       // first failure: element, values, or the error status
+};
+
+CheckResult CheckMatMul(CudaDevice& dev, model::WeightFormat format, bool f32_scales, int64_t m,
+                        int64_t rows, int64_t cols, uint32_t seed);
+// Routed-expert FP4 weights re-blocked to FP8 on the host (backend/fp4_to_fp8.h), run through
+// the GPU's FP8 path, against the CPU's FP4 path on the original weights.
+CheckResult CheckReblockedFp4MatMul(CudaDevice& dev, int64_t m, int64_t rows, int64_t cols,
+                                    uint32_t seed);
+CheckResult CheckRmsNorm(CudaDevice& dev, int64_t rows, int64_t n, bool with_weight,
+                         bool round_bf16, uint32_t seed);
+CheckResult CheckRope(CudaDevice& dev, int64_t rows, int rope_dim, bool compressed_layer,
+                      bool inverse, bool round_bf16, uint32_t seed);
+// hc_pre (mixes, Sinkhorn, x) then hc_post, for `tokens` tokens.
+CheckResult CheckHc(CudaDevice& dev, int hc, int64_t hidden, int64_t tokens, bool round_bf16,
+                    uint32_t seed);
+
+// The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
+// what `dsinfer doctor` runs. A few seconds on any supported GPU.
+std::vector<CheckResult> RunConformance(CudaDevice& dev);
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,196 @@
+#include "backend/cuda/device.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "backend/cuda/kernels.h"
+
+namespace dsinfer::backend::cuda {
+
+namespace {
+
+// A trivial kernel's attributes tell whether this binary has code for the current device.
+Status ProbeKernelImage() {
+  return CudaStatus(ProbeKernelImageOnCurrentDevice(), "loading this binary's device code");
+}
+
+}  // namespace
+
+double DeviceInfo::PeakMemoryGbps() const {
+  return 2.0 * memory_clock_khz * 1e3 * (memory_bus_bits / 8.0) / 1e9;
+}
+
+double DeviceInfo::PeakFp32Tflops() const {
+  // fp32 lanes per SM: 64 on sm_80 (A100); 128 on sm_86/89/90/100/120.
+  int lanes = (sm_major == 8 && sm_minor == 0) ? 64 : 128;
+  return 2.0 * lanes * sm_count * core_clock_khz * 1e3 / 1e12;
+}
+
+std::string CudaVersionString(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
+}
+
+Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Internal(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                  cudaGetErrorString(err) + ")");
+}
+
+Result<std::vector<DeviceInfo>> EnumerateDevices() {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::string why;
+    if (driver == 0) {
+      why = "no NVIDIA driver is loaded (libcuda not found)";
+    } else if (err == cudaErrorInsufficientDriver) {
+      why = "the driver (CUDA " + CudaVersionString(driver) + ") is older than the runtime (CUDA " +
+            CudaVersionString(runtime) + ")";
+    } else if (err != cudaSuccess) {
+      why = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    } else {
+      why = "the driver reports no CUDA device";
+    }
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible != nullptr) why += std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")";
+    cudaGetLastError();  // clear the sticky error of the failed query
+    return FailedPrecondition(why);
+  }
+  std::vector<DeviceInfo> out;
+  for (int i = 0; i < count; ++i) {
+    DeviceInfo d;
+    d.ordinal = i;
+    d.driver_version = driver;
+    d.runtime_version = runtime;
+    cudaDeviceProp prop{};
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties"));
+    d.name = prop.name;
+    d.sm_major = prop.major;
+    d.sm_minor = prop.minor;
+    d.sm_count = prop.multiProcessorCount;
+    d.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    d.l2_bytes = prop.l2CacheSize;
+    cudaDeviceGetAttribute(&d.memory_clock_khz, cudaDevAttrMemoryClockRate, i);
+    cudaDeviceGetAttribute(&d.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, i);
+    cudaDeviceGetAttribute(&d.core_clock_khz, cudaDevAttrClockRate, i);
+    DSINFER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(i), "cudaSetDevice"));
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      d.free_bytes = static_cast<int64_t>(free_b);
+    Status image = ProbeKernelImage();
+    d.has_kernel_image = image.ok();
+    if (!image.ok()) d.kernel_image_error = image.message();
+    cudaGetLastError();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { Release(); }
+
+void DeviceBuffer::Release() {
+  if (ptr_ != nullptr) cudaFree(ptr_);  // unified addressing: no need to make the device current
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+Result<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
+  DSINFER_ASSIGN_OR_RETURN(std::vector<DeviceInfo> devices, EnumerateDevices());
+  if (ordinal < 0 || ordinal >= static_cast<int>(devices.size()))
+    return InvalidArgument("no CUDA device " + std::to_string(ordinal) + " (" +
+                           std::to_string(devices.size()) + " visible)");
+  std::unique_ptr<CudaDevice> dev(new CudaDevice());
+  dev->info_ = devices[ordinal];
+  if (!dev->info_.has_kernel_image)
+    return FailedPrecondition("device " + std::to_string(ordinal) + " (" + dev->info_.name +
+                              ", sm_" + std::to_string(dev->info_.Sm()) +
+                              "): this binary has no code for it; rebuild with "
+                              "-DCMAKE_CUDA_ARCHITECTURES=" +
+                              std::to_string(dev->info_.Sm()) + " (" +
+                              dev->info_.kernel_image_error + ")");
+  DSINFER_RETURN_IF_ERROR(dev->Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&dev->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  return dev;
+}
+
+CudaDevice::~CudaDevice() {
+  if (stream_ != nullptr) {
+    cudaSetDevice(info_.ordinal);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+Status CudaDevice::Activate() const {
+  return CudaStatus(cudaSetDevice(info_.ordinal), "cudaSetDevice");
+}
+
+Result<DeviceBuffer> CudaDevice::Alloc(size_t bytes) {
+  DSINFER_RETURN_IF_ERROR(Activate());
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  cudaError_t err = cudaMalloc(&b.ptr_, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) + " bytes on device " +
+                             std::to_string(info_.ordinal) + ": " + cudaGetErrorString(err));
+  }
+  b.bytes_ = bytes;
+  return b;
+}
+
+Result<DeviceBuffer> CudaDevice::Upload(const void* host, size_t bytes) {
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer b, Alloc(bytes));
+  DSINFER_RETURN_IF_ERROR(CopyToDevice(b.data(), host, bytes));
+  return b;
+}
+
+Status CudaDevice::CopyToDevice(void* dst, const void* host, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  DSINFER_RETURN_IF_ERROR(Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpy H2D"));
+  // Pageable host memory: the copy may still read `host` after returning; synchronise so the
+  // caller may free it (uploads happen at load, not on the hot path).
+  return Synchronize();
+}
+
+Status CudaDevice::CopyToHost(void* host, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  DSINFER_RETURN_IF_ERROR(Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpy D2H"));
+  return Synchronize();
+}
+
+Status CudaDevice::Memset(void* dst, int byte, size_t bytes) {
+  DSINFER_RETURN_IF_ERROR(Activate());
+  return CudaStatus(cudaMemsetAsync(dst, byte, bytes, stream_), "cudaMemset");
+}
+
+Status CudaDevice::Synchronize() {
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+Status CudaDevice::CheckLaunch(const char* kernel) {
+  return CudaStatus(cudaGetLastError(), kernel);
+}
+
+}  // namespace dsinfer::backend::cuda

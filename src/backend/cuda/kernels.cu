@@ -1,0 +1,375 @@
+// Generic CUDA kernels of the V4 forward (see kernels.h). They decode the checkpoint's formats
+// exactly (e4m3, e2m1, e8m0 are exact in fp32) and compute in fp32, rounding with explicit _rn
+// intrinsics where the CPU oracle (backend/cpu) multiplies and adds separately, so the GPU
+// differs from the CPU only by summation order. Tensor-core paths are later work (paths.h).
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace dsinfer::backend::cuda {
+
+namespace {
+
+using Format = DeviceWeightView::Format;
+
+__device__ __forceinline__ float E8m0ToF32(uint8_t c) {
+  if (c == 0xff) return __int_as_float(0x7fc00000);
+  if (c == 0) return __int_as_float(0x00400000);  // 2^-127, an fp32 subnormal
+  return __int_as_float(static_cast<int>(static_cast<uint32_t>(c) << 23));
+}
+
+__device__ __forceinline__ float E4m3ToF32(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
+  if ((c & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);
+  if (e == 0) {  // subnormal: m * 2^-9
+    float v = static_cast<float>(m) * 0.001953125f;
+    return __int_as_float(static_cast<int>(static_cast<uint32_t>(__float_as_int(v)) | sign));
+  }
+  return __int_as_float(static_cast<int>(sign | ((e + 120u) << 23) | (m << 20)));
+}
+
+__device__ __forceinline__ float E2m1ToF32(uint32_t nibble) {
+  const uint32_t mag = nibble & 7u, e = mag >> 1, mant = mag & 1u;
+  float v = e == 0 ? 0.5f * static_cast<float>(mant)
+                   : (1.0f + 0.5f * static_cast<float>(mant)) * static_cast<float>(1u << (e - 1));
+  return (nibble & 8u) ? -v : v;
+}
+
+// Same bits as core/dtype.h F32ToBf16 + Bf16ToF32 (RNE, quiet NaN).
+__device__ __forceinline__ float RoundBf16(float f) {
+  uint32_t u = static_cast<uint32_t>(__float_as_int(f));
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return __int_as_float(static_cast<int>((u | 0x400000u) & 0xffff0000u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __int_as_float(static_cast<int>(u & 0xffff0000u));
+}
+
+__device__ __forceinline__ float ScaleAt(const DeviceWeightView& w, int64_t idx) {
+  if (w.scales_f32) return reinterpret_cast<const float*>(w.scales)[idx];
+  return E8m0ToF32(w.scales[idx]);
+}
+
+// Weight element (r, c) as fp32: exact decode times its power-of-two block scale.
+template <Format F>
+__device__ __forceinline__ float LoadW(const DeviceWeightView& w, int64_t r, int64_t c) {
+  if constexpr (F == Format::kF32) {
+    return reinterpret_cast<const float*>(w.data)[r * w.cols + c];
+  } else if constexpr (F == Format::kBF16) {
+    uint32_t b = reinterpret_cast<const uint16_t*>(w.data)[r * w.cols + c];
+    return __int_as_float(static_cast<int>(b << 16));
+  } else if constexpr (F == Format::kFp8Block) {
+    return E4m3ToF32(w.data[r * w.cols + c]) * ScaleAt(w, (r >> 7) * w.scale_cols + (c >> 7));
+  } else {
+    uint8_t byte = w.data[r * (w.cols / 2) + (c >> 1)];
+    return E2m1ToF32((c & 1) ? (byte >> 4) : (byte & 0xfu)) *
+           ScaleAt(w, r * w.scale_cols + (c >> 5));
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over a block of blockDim.x (multiple of 32, <= 1024) threads; every thread gets it.
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // `partial` may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int n_warps = (blockDim.x + 31) >> 5;
+  float s = lane < n_warps ? partial[lane] : 0.0f;
+  return WarpSum(s);
+}
+
+__global__ void NoopKernel() {}
+
+// ---- dense linear ----------------------------------------------------------------------------
+constexpr int kTileN = 64;  // weight rows per block
+constexpr int kTileM = 64;  // tokens per block
+constexpr int kTileK = 32;
+
+// 256 threads, 4x4 outputs each; W and x tiles are staged in shared memory (W decoded to fp32).
+template <Format F>
+__global__ void __launch_bounds__(256)
+    MatMulTiledKernel(DeviceWeightView w, const float* x, int64_t m, float* y) {
+  __shared__ float ws[kTileK][kTileN + 1];
+  __shared__ float xs[kTileK][kTileM + 1];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < w.cols; k0 += kTileK) {
+    for (int i = 0; i < (kTileN * kTileK) / 256; ++i) {
+      const int idx = threadIdx.x + i * 256;
+      const int rr = idx / kTileK, kk = idx % kTileK;
+      const int64_t k = k0 + kk;
+      const int64_t n = n0 + rr, mm = m0 + rr;
+      ws[kk][rr] = (n < w.rows && k < w.cols) ? LoadW<F>(w, n, k) : 0.0f;
+      xs[kk][rr] = (mm < m && k < w.cols) ? x[mm * w.cols + k] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float a[4], b[4];
+      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty + 16 * i];
+      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx + 16 * j];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int64_t mm = m0 + ty + 16 * i;
+    if (mm >= m) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < w.rows) y[mm * w.rows + n] = acc[i][j];
+    }
+  }
+}
+
+// Decode (m <= kGemvMaxM tokens): one warp per weight row, the row is read once for all tokens.
+constexpr int kGemvMaxM = 8;
+template <Format F>
+__global__ void __launch_bounds__(256)
+    GemvKernel(DeviceWeightView w, const float* x, int m, float* y) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= w.rows) return;
+  float acc[kGemvMaxM] = {};
+  for (int64_t c = lane; c < w.cols; c += 32) {
+    const float wv = LoadW<F>(w, r, c);
+#pragma unroll
+    for (int j = 0; j < kGemvMaxM; ++j)
+      if (j < m) acc[j] = fmaf(wv, x[j * w.cols + c], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kGemvMaxM; ++j) {
+    if (j >= m) break;
+    const float s = WarpSum(acc[j]);
+    if (lane == 0) y[j * w.rows + r] = s;
+  }
+}
+
+template <Format F>
+cudaError_t LaunchMatMulFor(const DeviceWeightView& w, const float* x, int64_t m, float* y,
+                            cudaStream_t stream) {
+  if (m <= kGemvMaxM) {
+    const unsigned blocks = static_cast<unsigned>((w.rows + 7) / 8);
+    GemvKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
+  } else {
+    dim3 grid(static_cast<unsigned>((w.rows + kTileN - 1) / kTileN),
+              static_cast<unsigned>((m + kTileM - 1) / kTileM));
+    MatMulTiledKernel<F><<<grid, 256, 0, stream>>>(w, x, m, y);
+  }
+  return cudaGetLastError();
+}
+
+// ---- norms, RoPE -----------------------------------------------------------------------------
+__global__ void RmsNormKernel(float* x, int64_t n, const float* weight, float eps,
+                              bool round_bf16) {
+  float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(row[i], row[i], ss);
+  ss = BlockSum(ss);
+  const float inv = 1.0f / sqrtf(__fadd_rn(ss / static_cast<float>(n), eps));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = __fmul_rn(row[i], inv);
+    if (weight != nullptr) v = __fmul_rn(v, weight[i]);
+    row[i] = round_bf16 ? RoundBf16(v) : v;
+  }
+}
+
+__global__ void RopeKernel(float* x, int64_t row_stride, int64_t offset, const int64_t* positions,
+                           const float* inv_freq, int half, bool inverse, bool round_bf16) {
+  float* p = x + static_cast<int64_t>(blockIdx.x) * row_stride + offset;
+  const float pos = static_cast<float>(positions[blockIdx.x]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float theta = __fmul_rn(pos, inv_freq[i]);
+    const float c = static_cast<float>(cos(static_cast<double>(theta)));
+    float s = static_cast<float>(sin(static_cast<double>(theta)));
+    if (inverse) s = -s;
+    const float a = p[2 * i], b = p[2 * i + 1];
+    const float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float rb = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    p[2 * i] = round_bf16 ? RoundBf16(ra) : ra;
+    p[2 * i + 1] = round_bf16 ? RoundBf16(rb) : rb;
+  }
+}
+
+// ---- mHC -------------------------------------------------------------------------------------
+constexpr int kMaxHc = 8;
+
+// dots[t, j] = fn_j . H_t for j < n_rows; dots[t, n_rows] = H_t . H_t.
+__global__ void HcDotsKernel(const float* fn, const float* H, int64_t n, int n_rows, float* dots) {
+  const int64_t t = blockIdx.x;
+  const int j = blockIdx.y;
+  const float* h = H + t * n;
+  const float* a = j < n_rows ? fn + static_cast<int64_t>(j) * n : h;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(a[i], h[i], s);
+  s = BlockSum(s);
+  if (threadIdx.x == 0) dots[t * (n_rows + 1) + j] = s;
+}
+
+__device__ __forceinline__ float Sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// Mix coefficients of one token (thread 0 of each block; hc <= 8), then x = sum_j pre_j H_j.
+__global__ void HcPreKernel(HcShape s, const float* base, const float* scale, const float* H,
+                            const float* dots, float* x, float* mix_out, bool round_bf16) {
+  __shared__ float mix[2 * kMaxHc + kMaxHc * kMaxHc];
+  const int hc = s.hc;
+  const int n_rows = (2 + hc) * hc;
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    const float* d = dots + t * (n_rows + 1);
+    const float n = static_cast<float>(hc * s.hidden);
+    const float r = 1.0f / sqrtf(__fadd_rn(d[n_rows] / n, s.norm_eps));
+    float* pre = mix;
+    float* post = mix + hc;
+    float* C = mix + 2 * hc;
+    for (int j = 0; j < hc; ++j) {
+      pre[j] =
+          __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(d[j], r), scale[0]), base[j])), s.hc_eps);
+      post[j] =
+          2.0f * Sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(d[hc + j], r), scale[1]), base[hc + j]));
+    }
+    for (int i = 0; i < hc * hc; ++i)
+      C[i] = __fadd_rn(__fmul_rn(__fmul_rn(d[2 * hc + i], r), scale[2]), base[2 * hc + i]);
+    for (int j = 0; j < hc; ++j) {  // row softmax + eps
+      float mx = -INFINITY;
+      for (int k = 0; k < hc; ++k) mx = fmaxf(mx, C[j * hc + k]);
+      float sum = 0.0f;
+      for (int k = 0; k < hc; ++k) sum += (C[j * hc + k] = expf(C[j * hc + k] - mx));
+      for (int k = 0; k < hc; ++k) C[j * hc + k] = __fadd_rn(C[j * hc + k] / sum, s.hc_eps);
+    }
+    for (int it = 0; it < s.sinkhorn_iters; ++it) {
+      if (it > 0) {
+        for (int j = 0; j < hc; ++j) {  // rows
+          float sum = 0.0f;
+          for (int k = 0; k < hc; ++k) sum += C[j * hc + k];
+          for (int k = 0; k < hc; ++k) C[j * hc + k] /= (sum + s.hc_eps);
+        }
+      }
+      for (int k = 0; k < hc; ++k) {  // columns
+        float sum = 0.0f;
+        for (int j = 0; j < hc; ++j) sum += C[j * hc + k];
+        for (int j = 0; j < hc; ++j) C[j * hc + k] /= (sum + s.hc_eps);
+      }
+    }
+    if (blockIdx.y == 0)
+      for (int i = 0; i < 2 * hc + hc * hc; ++i) mix_out[t * (2 * hc + hc * hc) + i] = mix[i];
+  }
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= s.hidden) return;
+  const float* h = H + t * hc * s.hidden;
+  float acc = 0.0f;
+  for (int j = 0; j < hc; ++j) acc = __fadd_rn(acc, __fmul_rn(mix[j], h[j * s.hidden + i]));
+  x[t * s.hidden + i] = round_bf16 ? RoundBf16(acc) : acc;
+}
+
+__global__ void HcPostKernel(HcShape s, const float* mix_in, const float* a, float* H,
+                             bool round_bf16) {
+  const int hc = s.hc;
+  const int64_t t = blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= s.hidden) return;
+  const float* mix = mix_in + t * (2 * hc + hc * hc);
+  float* h = H + t * hc * s.hidden;
+  float src[kMaxHc];
+  for (int j = 0; j < hc; ++j) src[j] = h[j * s.hidden + i];
+  const float ai = a[t * s.hidden + i];
+  for (int k = 0; k < hc; ++k) {
+    float acc = __fmul_rn(mix[hc + k], ai);
+    for (int j = 0; j < hc; ++j) acc = __fadd_rn(acc, __fmul_rn(mix[2 * hc + j * hc + k], src[j]));
+    h[k * s.hidden + i] = round_bf16 ? RoundBf16(acc) : acc;
+  }
+}
+
+// ---- probes ----------------------------------------------------------------------------------
+__global__ void ReadProbeKernel(const float4* x, int64_t n4, float* out) {
+  float s = 0.0f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float4 v = x[i];
+    s += (v.x + v.y) + (v.z + v.w);
+  }
+  s = BlockSum(s);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+}  // namespace
+
+cudaError_t ProbeKernelImageOnCurrentDevice() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, NoopKernel);
+}
+
+cudaError_t LaunchMatMul(const DeviceWeightView& w, const float* x, int64_t m, float* y,
+                         cudaStream_t stream) {
+  if (m <= 0 || w.rows <= 0) return cudaSuccess;
+  switch (w.format) {
+    case Format::kF32:
+      return LaunchMatMulFor<Format::kF32>(w, x, m, y, stream);
+    case Format::kBF16:
+      return LaunchMatMulFor<Format::kBF16>(w, x, m, y, stream);
+    case Format::kFp8Block:
+      return LaunchMatMulFor<Format::kFp8Block>(w, x, m, y, stream);
+    case Format::kFp4Packed:
+      return LaunchMatMulFor<Format::kFp4Packed>(w, x, m, y, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchRmsNorm(float* x, int64_t rows, int64_t n, const float* weight, float eps,
+                          bool round_bf16, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, n, weight, eps, round_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRope(float* x, int64_t rows, int64_t row_stride, int64_t offset,
+                       const int64_t* positions, const float* inv_freq, int half, bool inverse,
+                       bool round_bf16, cudaStream_t stream) {
+  if (rows <= 0 || half <= 0) return cudaSuccess;
+  const int threads = half < 256 ? ((half + 31) / 32) * 32 : 256;
+  RopeKernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(
+      x, row_stride, offset, positions, inv_freq, half, inverse, round_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcPre(const HcShape& s, const float* fn, const float* base, const float* scale,
+                        const float* H, int64_t tokens, float* dots, float* x, float* mix,
+                        bool round_bf16, cudaStream_t stream) {
+  if (s.hc < 1 || s.hc > kMaxHc) return cudaErrorInvalidValue;
+  if (tokens <= 0) return cudaSuccess;
+  const int n_rows = (2 + s.hc) * s.hc;
+  HcDotsKernel<<<dim3(static_cast<unsigned>(tokens), n_rows + 1), 256, 0, stream>>>(
+      fn, H, s.hc * s.hidden, n_rows, dots);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((s.hidden + 255) / 256));
+  HcPreKernel<<<grid, 256, 0, stream>>>(s, base, scale, H, dots, x, mix, round_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchHcPost(const HcShape& s, const float* mix, const float* a, float* H,
+                         int64_t tokens, bool round_bf16, cudaStream_t stream) {
+  if (s.hc < 1 || s.hc > kMaxHc) return cudaErrorInvalidValue;
+  if (tokens <= 0) return cudaSuccess;
+  dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((s.hidden + 255) / 256));
+  HcPostKernel<<<grid, 256, 0, stream>>>(s, mix, a, H, round_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t stream) {
+  ReadProbeKernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const float4*>(x), n / 4, out);
+  return cudaGetLastError();
+}
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,68 @@
+#include "backend/cuda/paths.h"
+
+#include <sstream>
+
+namespace dsinfer::backend::cuda {
+
+KernelPaths PathsFor(int sm_major, int sm_minor) {
+  KernelPaths p;
+  const int sm = sm_major * 10 + sm_minor;
+  p.supported_arch = sm >= 80;
+  p.fp8_tensor_cores = sm == 89 || sm_major >= 9;
+  p.fp4_tensor_cores = sm_major == 10 || sm_major == 12;
+  if (!p.supported_arch) {
+    p.fp8_gemm = p.fp4_experts = p.other_ops =
+        "none (sm_" + std::to_string(sm) + " is below sm_80, which CUDA 13 builds need)";
+    return p;
+  }
+  // Today every device runs the generic dequantizing kernels: weights are decoded to fp32 in
+  // shared memory and multiplied with fp32 FMA (exact products, fp32 accumulation).
+  p.fp8_gemm = "generic dequantizing GEMM (fp32 FMA)";
+  p.fp4_experts = "generic FP4 dequantizing GEMM (fp32 FMA)";
+  p.other_ops = "generic fp32 kernels";
+  if (sm == 89 || sm_major == 12) p.not_yet_used.push_back("FP8 mma.sync tensor cores");
+  if (sm_major == 9) p.not_yet_used.push_back("FP8 wgmma tensor cores (sm_90a)");
+  if (sm_major == 10) p.not_yet_used.push_back("tcgen05 FP8/FP4 tensor cores (sm_100a)");
+  if (sm_major == 12) p.not_yet_used.push_back("FP4 mma.sync tensor cores (sm_120a)");
+  if (sm == 89 || sm_major == 9)
+    p.not_yet_used.push_back("FP4 experts re-blocked to FP8 at load for FP8 tensor cores");
+  if (sm_major == 8 && sm != 89)
+    p.not_yet_used.push_back("bf16 mma.sync tensor cores (W dequantized)");
+  return p;
+}
+
+std::vector<std::string> CompiledArchs() {
+  std::vector<std::string> out;
+#ifdef DSINFER_CUDA_ARCHS
+  std::stringstream ss(DSINFER_CUDA_ARCHS);
+  std::string a;
+  while (std::getline(ss, a, ','))
+    if (!a.empty()) out.push_back(a);
+#endif
+  return out;
+}
+
+bool CompiledFor(int sm_major, int sm_minor, const std::vector<std::string>& archs) {
+  const int sm = sm_major * 10 + sm_minor;
+  for (const std::string& a : archs) {
+    std::string digits;
+    for (char c : a) {
+      if (c < '0' || c > '9') break;
+      digits += c;
+    }
+    if (digits.empty()) continue;
+    const int target = std::stoi(digits);
+    const bool arch_specific = a.size() > digits.size() && a[digits.size()] == 'a';
+    const bool virtual_only = a.find("-virtual") != std::string::npos;
+    const bool has_ptx = virtual_only || a.find("-real") == std::string::npos;
+    if (arch_specific) {
+      if (target == sm) return true;
+      continue;
+    }
+    if (target / 10 == sm_major && target <= sm && !virtual_only) return true;
+    if (has_ptx && target <= sm) return true;  // PTX JIT-compiles forward
+  }
+  return false;
+}
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,24 @@
+// Short performance probes for `dsinfer doctor`: achieved device memory bandwidth and GEMM
+// throughput of the kernels dsinfer runs, as shares of the device's theoretical peaks.
+#pragma once
+
+#include <string>
+
+#include "backend/cuda/device.h"
+
+namespace dsinfer::backend::cuda {
+
+struct ProbeResult {
+  double read_gbps = 0;         // read kernel over a large buffer (GB/s, 1e9 bytes)
+  double copy_gbps = 0;         // device-to-device cudaMemcpy, read + write bytes
+  double peak_gbps = 0;         // DeviceInfo::PeakMemoryGbps
+  double gemm_tflops = 0;       // the FP8 block-scaled MatMul path at gemm_shape
+  double peak_fp32_tflops = 0;  // the generic path's roof (CUDA-core fp32 FMA)
+  std::string gemm_shape;
+  std::string gemm_path;
+};
+
+// About a second on a datacenter GPU.
+Result<ProbeResult> RunProbes(CudaDevice& dev);
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,175 @@
+// CUDA backend conformance: every GPU op against the CPU backend over a shape grid (one token,
+// ragged batches, sizes off the tile multiples, long-context positions), with guard bytes around
+// every output (backend/cuda/conformance.h). Without a usable GPU every device test skips with
+// "no CUDA device: <reason>"; the pure tests (kernel path selection, arch matching, the
+// no-device report) always run.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "backend/cuda/conformance.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/paths.h"
+
+namespace dsinfer::backend::cuda {
+namespace {
+
+// Opens device 0, or explains why not (the caller GTEST_SKIPs with the reason).
+std::unique_ptr<CudaDevice> OpenDevice(std::string* why) {
+  auto dev = CudaDevice::Open(0);
+  if (!dev.ok()) {
+    *why = dev.status().message();
+    return nullptr;
+  }
+  return std::move(dev).value();
+}
+
+#define DEVICE_OR_SKIP(dev)                                    \
+  std::string skip_reason_;                                    \
+  std::unique_ptr<CudaDevice> dev = OpenDevice(&skip_reason_); \
+  if (!dev) GTEST_SKIP() << "no CUDA device: " << skip_reason_
+
+void ExpectPass(const CheckResult& r) {
+  EXPECT_TRUE(r.ok) << r.op << " " << r.shape << ": " << r.detail;
+  std::printf("  %-28s %-34s budget share %.3g\n", r.op.c_str(), r.shape.c_str(), r.budget_share);
+}
+
+TEST(CudaPaths, SelectionByComputeCapability) {
+  KernelPaths hopper = PathsFor(9, 0);
+  EXPECT_TRUE(hopper.supported_arch);
+  EXPECT_TRUE(hopper.fp8_tensor_cores);
+  EXPECT_FALSE(hopper.fp4_tensor_cores);
+  EXPECT_FALSE(hopper.not_yet_used.empty());  // wgmma is not implemented yet: degraded
+  KernelPaths ada = PathsFor(8, 9);
+  EXPECT_TRUE(ada.fp8_tensor_cores);
+  EXPECT_FALSE(ada.fp4_tensor_cores);
+  KernelPaths ampere = PathsFor(8, 0);
+  EXPECT_TRUE(ampere.supported_arch);
+  EXPECT_FALSE(ampere.fp8_tensor_cores);
+  EXPECT_TRUE(PathsFor(10, 0).fp4_tensor_cores);
+  EXPECT_TRUE(PathsFor(12, 0).fp4_tensor_cores);
+  KernelPaths turing = PathsFor(7, 5);
+  EXPECT_FALSE(turing.supported_arch);
+  EXPECT_NE(turing.fp8_gemm.find("sm_80"), std::string::npos);
+}
+
+TEST(CudaPaths, CompiledForMatchesCudaCompatibilityRules) {
+  EXPECT_TRUE(CompiledFor(9, 0, {"90a"}));
+  EXPECT_FALSE(CompiledFor(10, 0, {"90a"}));  // arch-specific code runs on 9.0 only
+  EXPECT_TRUE(CompiledFor(8, 6, {"80"}));     // same-major cubin
+  EXPECT_TRUE(CompiledFor(9, 0, {"80"}));     // PTX JIT
+  EXPECT_FALSE(CompiledFor(9, 0, {"80-real"}));
+  EXPECT_FALSE(CompiledFor(8, 0, {"86-real"}));
+  EXPECT_TRUE(CompiledFor(12, 0, {"80-virtual"}));
+  EXPECT_FALSE(CompiledFor(8, 0, {}));
+  EXPECT_FALSE(CompiledArchs().empty());  // DSINFER_CUDA_ARCHS reached the library
+}
+
+TEST(CudaDevice, EnumerationExplainsAMissingDevice) {
+  auto devices = EnumerateDevices();
+  if (devices.ok()) {
+    ASSERT_FALSE(devices->empty());
+    for (const DeviceInfo& d : *devices) {
+      EXPECT_FALSE(d.name.empty());
+      EXPECT_GE(d.sm_major, 1);
+      EXPECT_GT(d.total_bytes, 0);
+      EXPECT_GT(d.runtime_version, 0);
+    }
+    return;
+  }
+  EXPECT_EQ(devices.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(devices.status().message().empty());
+  auto dev = CudaDevice::Open(0);  // opening fails the same way, without crashing
+  EXPECT_FALSE(dev.ok());
+}
+
+TEST(CudaDevice, BuffersAndCopiesRoundTrip) {
+  DEVICE_OR_SKIP(dev);
+  std::vector<float> host(1000);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
+  auto buf = dev->Upload(host.data(), host.size() * 4);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  std::vector<float> back(host.size());
+  ASSERT_TRUE(dev->CopyToHost(back.data(), buf->data(), back.size() * 4).ok());
+  EXPECT_EQ(back, host);
+  DeviceBuffer moved = std::move(buf).value();
+  EXPECT_EQ(moved.bytes(), host.size() * 4);
+  EXPECT_FALSE(CudaDevice::Open(1000).ok());
+}
+
+using model::WeightFormat;
+using MatMulCase = std::tuple<WeightFormat, bool, int64_t, int64_t, int64_t>;
+
+class CudaMatMul : public testing::TestWithParam<MatMulCase> {};
+
+TEST_P(CudaMatMul, MatchesCpu) {
+  DEVICE_OR_SKIP(dev);
+  auto [format, f32_scales, m, rows, cols] = GetParam();
+  ExpectPass(CheckMatMul(*dev, format, f32_scales, m, rows, cols,
+                         static_cast<uint32_t>(m * 131 + rows + cols)));
+}
+
+// Shapes: one token; decode batches 2..8 (GEMV); 9 (first tiled); ragged prefill; rows/cols
+// off the 64/32 tiles and the 128 scale block; checkpoint-like sizes (K = 4096, N = 2048).
+INSTANTIATE_TEST_SUITE_P(Formats, CudaMatMul,
+                         testing::Combine(testing::Values(WeightFormat::kF32, WeightFormat::kBF16,
+                                                          WeightFormat::kFp8Block,
+                                                          WeightFormat::kFp4Packed),
+                                          testing::Bool(), testing::Values(1, 8, 9, 67),
+                                          testing::Values(1, 130, 520),
+                                          testing::Values(32, 224, 4096)));
+
+TEST(CudaMatMul, KNotAMultipleOf32) {
+  DEVICE_OR_SKIP(dev);
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kFp8Block})
+    for (int64_t cols : {1, 50, 100, 129, 1000})
+      ExpectPass(CheckMatMul(*dev, f, false, 5, 70, cols, 3));
+}
+
+TEST(CudaFp4Experts, ReblockedToFp8MatchesCpuFp4) {
+  DEVICE_OR_SKIP(dev);
+  for (auto [m, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 2048, 4096},
+                               {7, 300, 96},
+                               {64, 4096, 2048},
+                               {129, 128, 128}})
+    ExpectPass(CheckReblockedFp4MatMul(*dev, m, rows, cols, 11));
+}
+
+TEST(CudaRmsNorm, MatchesCpu) {
+  DEVICE_OR_SKIP(dev);
+  for (bool round : {false, true})
+    for (bool weight : {false, true})
+      for (auto [rows, n] :
+           {std::pair<int64_t, int64_t>{1, 4096}, {2, 1}, {5, 1000}, {64, 512}, {3, 7168}})
+        ExpectPass(CheckRmsNorm(*dev, rows, n, weight, round, static_cast<uint32_t>(rows + n)));
+}
+
+TEST(CudaRope, MatchesCpuIncludingLongContextPositions) {
+  DEVICE_OR_SKIP(dev);
+  for (bool round : {false, true})
+    for (bool inverse : {false, true})
+      for (bool yarn : {false, true})
+        for (int64_t rows : {1, 13, 1024})
+          for (int rope_dim : {64, 2, 510})
+            ExpectPass(CheckRope(*dev, rows, rope_dim, yarn, inverse, round,
+                                 static_cast<uint32_t>(rows * rope_dim)));
+}
+
+TEST(CudaMhc, SinkhornPreAndPostMatchCpu) {
+  DEVICE_OR_SKIP(dev);
+  for (bool round : {false, true})
+    for (int hc : {1, 4, 8})
+      for (auto [hidden, tokens] : {std::pair<int64_t, int64_t>{4096, 1}, {1000, 5}, {257, 33}})
+        ExpectPass(
+            CheckHc(*dev, hc, hidden, tokens, round, static_cast<uint32_t>(hc * hidden + tokens)));
+}
+
+TEST(CudaConformance, DoctorGridPasses) {
+  DEVICE_OR_SKIP(dev);
+  for (const CheckResult& r : RunConformance(*dev)) ExpectPass(r);
+}
+
+}  // namespace
+}  // namespace dsinfer::backend::cuda
