@@ -14,5 +14,6 @@ int RunTokenize(int argc, char** argv);
 int RunDetokenize(int argc, char** argv);
 int RunRender(int argc, char** argv);
 int RunServe(int argc, char** argv);
+int RunDoctor(int argc, char** argv);
 
 }  // namespace dsinfer::cli

@@ -24,6 +24,7 @@ constexpr Command kCommands[] = {
     {"detokenize", dsinfer::cli::RunDetokenize, "JSON-lines id arrays -> strings"},
     {"render", dsinfer::cli::RunRender, "render an OpenAI chat request to the prompt and ids"},
     {"serve", dsinfer::cli::RunServe, "OpenAI/Anthropic-compatible HTTP server (docs/SERVER.md)"},
+    {"doctor", dsinfer::cli::RunDoctor, "CPU/GPU features, conformance, probes, verdicts [--json]"},
 };
 
 void PrintUsage() {
