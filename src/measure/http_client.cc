@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/asio/buffer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -15,16 +14,15 @@
 #include <chrono>
 #include <cstring>
 
+#include "net/deadline_stream.h"
+
 namespace dsinfer::measure {
 namespace {
 
 namespace http = boost::beast::http;
-using Clock = std::chrono::steady_clock;
+using Clock = net::Clock;
 
-int MillisLeft(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
+using net::MillisUntil;
 
 // Closes the socket on every path out.
 struct Fd {
@@ -34,56 +32,9 @@ struct Fd {
   }
 };
 
-// Beast's SyncReadStream over a socket with a deadline on each read.
-class DeadlineStream {
- public:
-  DeadlineStream(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
-  template <class Buffers>
-  size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
-    ec = {};
-    auto first = boost::asio::buffer_sequence_begin(buffers);
-    if (first == boost::asio::buffer_sequence_end(buffers)) return 0;
-    boost::asio::mutable_buffer buffer = *first;
-    if (buffer.size() == 0) return 0;
-    for (;;) {
-      const int wait_ms = MillisLeft(deadline_);
-      if (wait_ms <= 0) {
-        ec = boost::asio::error::timed_out;
-        return 0;
-      }
-      pollfd pfd{fd_, POLLIN, 0};
-      const int r = ::poll(&pfd, 1, wait_ms);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) continue;  // re-check the deadline (errors surface from recv)
-      const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n < 0) {
-        ec = boost::system::error_code(errno, boost::system::system_category());
-        return 0;
-      }
-      if (n == 0) {
-        ec = boost::asio::error::eof;
-        return 0;
-      }
-      return static_cast<size_t>(n);
-    }
-  }
-  template <class Buffers>
-  size_t read_some(const Buffers& buffers) {  // Beast's trait requires it; never called
-    boost::system::error_code ec;
-    size_t n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-
- private:
-  int fd_;
-  Clock::time_point deadline_;
-};
-
 Status SendAll(int fd, std::string_view data, Clock::time_point deadline) {
   while (!data.empty()) {
-    const int wait_ms = MillisLeft(deadline);
+    const int wait_ms = MillisUntil(deadline);
     if (wait_ms <= 0) return Status(StatusCode::kCancelled, "timed out sending the request");
     pollfd pfd{fd, POLLOUT, 0};
     if (::poll(&pfd, 1, wait_ms) <= 0) continue;
@@ -161,7 +112,7 @@ Result<HttpResult> HttpCall(const Url& url, const HttpRequestSpec& request,
   head += "\r\n";
   DSINFER_RETURN_IF_ERROR(SendAll(fd.fd, head + request.body, deadline));
 
-  DeadlineStream stream(fd.fd, deadline);
+  net::DeadlineSocketStream stream(fd.fd, deadline);
   boost::beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);

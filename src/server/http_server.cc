@@ -19,72 +19,17 @@
 #include <cstdio>
 #include <cstring>
 
+#include "net/deadline_stream.h"
+
 namespace dsinfer::server {
 namespace {
 
 namespace beast = boost::beast;
 namespace http = boost::beast::http;
-using Clock = std::chrono::steady_clock;
+using Clock = net::Clock;
 
-int MillisUntil(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
-
-// Beast's SyncReadStream over a socket: each read waits at most until the stream's deadline,
-// so a client that trickles bytes (slow loris) cannot hold a connection thread forever.
-class DeadlineSocketStream {
- public:
-  DeadlineSocketStream(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
-  void set_deadline(Clock::time_point deadline) { deadline_ = deadline; }
-
-  template <class MutableBufferSequence>
-  size_t read_some(const MutableBufferSequence& buffers, boost::system::error_code& ec) {
-    ec = {};
-    auto first = boost::asio::buffer_sequence_begin(buffers);
-    if (first == boost::asio::buffer_sequence_end(buffers)) return 0;
-    boost::asio::mutable_buffer buffer = *first;
-    if (buffer.size() == 0) return 0;
-    for (;;) {
-      int wait_ms = MillisUntil(deadline_);
-      if (wait_ms <= 0) {
-        ec = boost::asio::error::timed_out;
-        return 0;
-      }
-      pollfd pfd{fd_, POLLIN, 0};
-      int r = ::poll(&pfd, 1, wait_ms);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        ec = boost::system::error_code(errno, boost::system::system_category());
-        return 0;
-      }
-      if (r == 0) continue;  // re-check the deadline
-      ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n < 0) {
-        ec = boost::system::error_code(errno, boost::system::system_category());
-        return 0;
-      }
-      if (n == 0) {
-        ec = boost::asio::error::eof;
-        return 0;
-      }
-      return static_cast<size_t>(n);
-    }
-  }
-  // Beast's trait also requires the throwing overload; the parser only calls the one above.
-  template <class MutableBufferSequence>
-  size_t read_some(const MutableBufferSequence& buffers) {
-    boost::system::error_code ec;
-    size_t n = read_some(buffers, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
-  }
-
- private:
-  int fd_;
-  Clock::time_point deadline_;
-};
+using net::DeadlineSocketStream;
+using net::MillisUntil;
 
 const char* Reason(int status) {
   switch (status) {
