@@ -1,17 +1,24 @@
-// dsinfer doctor [--json]: what this machine can run. CPU model and features, memory bandwidth,
-// the binary's CUDA build, each GPU with the kernel paths that apply, the GPU conformance checks
-// and probes, and a verdict per device. Without a GPU it says why none was found (exit 0).
+// dsinfer doctor [--json] [--time-budget S]: what this machine can run. CPU model and features,
+// memory bandwidth, a self-check of the CPU backend's key ops against an fp64 reference and a
+// GEMM probe against the CPU's stated peak; the binary's CUDA build, each GPU with the kernel
+// paths that apply, the GPU conformance checks and probes, and a verdict per device. Work runs
+// in stages, each timed; a stage that would start after the time budget is spent is skipped
+// with the reason. Without a GPU it says why none was found (exit 0).
 #include <cpuid.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "args.h"
+#include "backend/cpu/selfcheck.h"
 #include "commands.h"
 #include "core/membw.h"
 #include "core/thread_pool.h"
@@ -29,7 +36,52 @@ namespace {
 
 using nlohmann::json;
 
-json CpuReport() {
+// Runs the doctor's stages under one wall-clock budget and records each stage's wall time, or
+// why it was skipped, in stages() (the report's "stages" array).
+class StageRunner {
+ public:
+  explicit StageRunner(double budget_s) : budget_s_(budget_s), start_(Clock::now()) {}
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double Remaining() const { return std::max(0.0, budget_s_ - Elapsed()); }
+  // Runs fn unless the budget is spent (`always`: runs regardless, for the cheap stages the
+  // report cannot do without); returns whether it ran.
+  bool Run(const std::string& name, const std::function<void()>& fn, bool always = false) {
+    json st = {{"name", name}};
+    const double begin = Elapsed();
+    if (begin >= budget_s_ && !always) {
+      char why[128];
+      std::snprintf(why, sizeof why, "time budget of %g s spent (%.1f s elapsed)", budget_s_,
+                    begin);
+      st["status"] = "skipped";
+      st["wall_s"] = 0.0;
+      st["reason"] = why;
+      stages_.push_back(st);
+      return false;
+    }
+    fn();
+    st["status"] = "ran";
+    st["wall_s"] = Elapsed() - begin;
+    stages_.push_back(st);
+    return true;
+  }
+  // Why a stage was skipped (the last record of that name).
+  std::string SkipReason(const std::string& name) const {
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it)
+      if ((*it)["name"] == name && (*it)["status"] == "skipped")
+        return (*it)["reason"].get<std::string>();
+    return "";
+  }
+  const json& stages() const { return stages_; }
+  double budget_s() const { return budget_s_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double budget_s_;
+  Clock::time_point start_;
+  json stages_ = json::array();
+};
+
+json CpuReport(StageRunner& stages) {
   json cpu;
   unsigned a = 0, b = 0, c = 0, d = 0;
   char brand[49] = {};
@@ -65,15 +117,66 @@ json CpuReport() {
   cpu["ram_bytes"] =
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   ThreadPool pool(0);
-  BandwidthResult bw = MeasureMemoryBandwidth(pool, int64_t{256} << 20, 3);
-  cpu["memory_read_gbps"] = bw.read_gbps;
-  cpu["verdict"] = "supported (the CPU backend is the reference implementation)";
+  stages.Run("memory_bandwidth", [&] {
+    BandwidthResult bw = MeasureMemoryBandwidth(pool, int64_t{256} << 20, 3);
+    cpu["memory_read_gbps"] = bw.read_gbps;
+  });
+
+  // Self-check of the CPU backend's key ops against fp64 (backend/cpu/selfcheck.h).
+  int failed = -1;
+  stages.Run("cpu_selfcheck", [&] {
+    json checks = json::array();
+    failed = 0;
+    for (const backend::cpu::SelfCheckResult& r : backend::cpu::RunCpuSelfCheck(pool, 1234)) {
+      failed += r.ok ? 0 : 1;
+      checks.push_back({{"op", r.op},
+                        {"shape", r.shape},
+                        {"max_rel_err", r.max_rel_err},
+                        {"relative_to", r.error_measure},
+                        {"budget", r.budget},
+                        {"pass", r.ok}});
+    }
+    cpu["selfcheck"] = {{"checks", checks}, {"failed", failed}};
+  });
+
+  // GEMM probe: achieved GFLOP/s of the fused bf16 MatMul vs the CPU's stated fp32 peak.
+  stages.Run("cpu_gemm_probe", [&] {
+    backend::cpu::CpuPeak peak = backend::cpu::DetectCpuPeak(
+        f.value("avx512f", false), f.value("avx2", false) && f.value("fma", false));
+    backend::cpu::GemmProbeResult probe =
+        backend::cpu::RunCpuGemmProbe(pool, std::min(1.0, stages.Remaining()));
+    cpu["gemm_probe"] = {{"shape", probe.shape},
+                         {"threads", pool.size()},
+                         {"seconds_median", probe.seconds},
+                         {"repeats", probe.repeats},
+                         {"gflops", probe.gflops},
+                         {"peak_gflops", peak.gflops},
+                         {"peak_share", probe.gflops / peak.gflops},
+                         {"peak_derivation", peak.derivation},
+                         {"peak_inputs",
+                          {{"cores", peak.cores},
+                           {"ghz", peak.ghz},
+                           {"fp32_lanes", peak.fp32_lanes},
+                           {"fma_units", peak.fma_units}}}};
+  });
+
+  if (failed < 0) {
+    cpu["verdict"] = "unchecked";
+    cpu["why"] = "self-check skipped: " + stages.SkipReason("cpu_selfcheck");
+  } else if (failed > 0) {
+    cpu["verdict"] = "unsupported";
+    cpu["why"] = std::to_string(failed) + " CPU self-check(s) exceeded their error budget";
+  } else {
+    cpu["verdict"] = "supported";
+    cpu["why"] = "every self-check within budget; the CPU backend is the reference";
+  }
   return cpu;
 }
 
-json GpuReport() {
+json GpuReport(StageRunner& stages) {
   json gpu;
 #ifndef DSINFER_HAVE_CUDA
+  (void)stages;  // nothing to run without the CUDA backend
   gpu["built_with_cuda"] = false;
   gpu["devices"] = json::array();
   gpu["no_gpu_reason"] = "this binary was built without the CUDA backend (DSINFER_CUDA=OFF)";
@@ -110,25 +213,35 @@ json GpuReport() {
       why = !p.supported_arch ? p.fp8_gemm : dev.status().message();
     } else {
       int failed = 0, total = 0;
-      json checks = json::array();
-      for (const cu::CheckResult& r : cu::RunConformance(**dev)) {
-        ++total;
-        if (!r.ok) {
-          ++failed;
-          checks.push_back({{"op", r.op}, {"shape", r.shape}, {"detail", r.detail}});
+      const std::string conformance_stage = "gpu" + std::to_string(info.ordinal) + "_conformance";
+      const bool checked = stages.Run(conformance_stage, [&] {
+        json checks = json::array();
+        for (const cu::CheckResult& r : cu::RunConformance(**dev)) {
+          ++total;
+          if (!r.ok) {
+            ++failed;
+            checks.push_back({{"op", r.op}, {"shape", r.shape}, {"detail", r.detail}});
+          }
         }
-      }
-      d["conformance"] = {{"checks", total}, {"failed", failed}, {"failures", checks}};
-      auto probe = cu::RunProbes(**dev);
-      if (probe.ok()) {
+        d["conformance"] = {{"checks", total}, {"failed", failed}, {"failures", checks}};
+      });
+      stages.Run("gpu" + std::to_string(info.ordinal) + "_probe", [&] {
+        auto probe = cu::RunProbes(**dev);
+        if (!probe.ok()) {
+          d["probe_error"] = probe.status().message();
+          return;
+        }
         d["probe"] = {{"read_gbps", probe->read_gbps},
                       {"copy_gbps", probe->copy_gbps},
                       {"bandwidth_share", probe->read_gbps / std::max(1.0, probe->peak_gbps)},
                       {"gemm_tflops", probe->gemm_tflops},
                       {"gemm_shape", probe->gemm_shape},
                       {"peak_fp32_tflops", probe->peak_fp32_tflops}};
-      }
-      if (failed > 0) {
+      });
+      if (!checked) {
+        verdict = "unchecked";
+        why = "conformance skipped: " + stages.SkipReason(conformance_stage);
+      } else if (failed > 0) {
         verdict = "unsupported";
         why =
             std::to_string(failed) + " of " + std::to_string(total) + " conformance checks failed";
@@ -151,25 +264,59 @@ json GpuReport() {
 }  // namespace
 
 int RunDoctor(int argc, char** argv) {
+  constexpr const char* kUsage = "usage: dsinfer doctor [--json] [--time-budget SECONDS]";
   Args args;
-  if (!args.Parse(argc, argv, {}, {"json"})) {
-    std::fprintf(stderr, "doctor: %s\nusage: dsinfer doctor [--json]\n", args.error().c_str());
+  double budget_s = 60;
+  if (!args.Parse(argc, argv, {"time-budget"}, {"json"}) ||
+      !args.GetDouble("time-budget", &budget_s)) {
+    std::fprintf(stderr, "doctor: %s\n%s\n", args.error().c_str(), kUsage);
     return 2;
   }
+  if (!(budget_s >= 0) || !std::isfinite(budget_s)) {
+    std::fprintf(stderr, "doctor: --time-budget must be a finite number of seconds >= 0\n%s\n",
+                 kUsage);
+    return 2;
+  }
+  StageRunner stages(budget_s);
   json report;
-  report["cpu"] = CpuReport();
-  report["gpu"] = GpuReport();
+  report["cpu"] = CpuReport(stages);
+  // Device enumeration is cheap and is the answer to "is there a GPU?": it always runs; the
+  // conformance checks and probes inside are budgeted stages of their own.
+  stages.Run(
+      "gpu", [&] { report["gpu"] = GpuReport(stages); }, /*always=*/true);
+  report["time_budget_s"] = budget_s;
+  report["elapsed_s"] = stages.Elapsed();
+  report["stages"] = stages.stages();
   if (args.Has("json")) {
     std::printf("%s\n", report.dump(2).c_str());
     return 0;
   }
   const json& cpu = report["cpu"];
-  std::printf(
-      "CPU: %s, %u threads, %.1f GB/s read\n  features:", cpu["model"].get<std::string>().c_str(),
-      cpu["threads"].get<unsigned>(), cpu["memory_read_gbps"].get<double>());
+  std::printf("CPU: %s, %u threads", cpu["model"].get<std::string>().c_str(),
+              cpu["threads"].get<unsigned>());
+  if (cpu.contains("memory_read_gbps"))
+    std::printf(", %.1f GB/s read", cpu["memory_read_gbps"].get<double>());
+  std::printf("\n  features:");
   for (auto& [k, v] : cpu["features"].items())
     if (v.get<bool>()) std::printf(" %s", k.c_str());
-  std::printf("\n  verdict: %s\n", cpu["verdict"].get<std::string>().c_str());
+  std::printf("\n");
+  if (cpu.contains("selfcheck")) {
+    std::printf("  self-check vs fp64 (max error / budget):\n");
+    for (const json& c : cpu["selfcheck"]["checks"])
+      std::printf("    %-18s %-28s %9.3g / %-9.3g %s\n", c["op"].get<std::string>().c_str(),
+                  c["shape"].get<std::string>().c_str(), c["max_rel_err"].get<double>(),
+                  c["budget"].get<double>(), c["pass"].get<bool>() ? "pass" : "FAIL");
+  }
+  if (cpu.contains("gemm_probe")) {
+    const json& g = cpu["gemm_probe"];
+    std::printf("  GEMM probe: %.1f GFLOP/s (%s, %d threads) = %.1f%% of peak %.1f GFLOP/s\n",
+                g["gflops"].get<double>(), g["shape"].get<std::string>().c_str(),
+                g["threads"].get<int>(), 100.0 * g["peak_share"].get<double>(),
+                g["peak_gflops"].get<double>());
+    std::printf("    peak: %s\n", g["peak_derivation"].get<std::string>().c_str());
+  }
+  std::printf("  verdict: %s (%s)\n", cpu["verdict"].get<std::string>().c_str(),
+              cpu["why"].get<std::string>().c_str());
   const json& gpu = report["gpu"];
   if (gpu.contains("no_gpu_reason"))
     std::printf("GPU: %s\n", gpu["no_gpu_reason"].get<std::string>().c_str());
@@ -177,6 +324,14 @@ int RunDoctor(int argc, char** argv) {
     std::printf("GPU %d: %s (sm_%s): %s %s\n", d["ordinal"].get<int>(),
                 d["name"].get<std::string>().c_str(), d["sm"].get<std::string>().c_str(),
                 d["verdict"].get<std::string>().c_str(), d["why"].get<std::string>().c_str());
+  std::printf("stages (budget %g s, %.1f s used):", budget_s, stages.Elapsed());
+  for (const json& st : stages.stages()) {
+    if (st["status"] == "ran")
+      std::printf(" %s %.2fs;", st["name"].get<std::string>().c_str(), st["wall_s"].get<double>());
+    else
+      std::printf(" %s skipped;", st["name"].get<std::string>().c_str());
+  }
+  std::printf("\n");
   return 0;
 }
 

@@ -1,24 +1,113 @@
 #!/usr/bin/env python3
-"""Runs `dsinfer doctor --json` and checks it is one valid JSON report with the required keys.
-Must pass with or without a GPU (no GPU: exit 0 and a no_gpu_reason)."""
+"""Runs `dsinfer doctor --json` and checks the report's values, not only its keys: the CPU
+self-check results and their budgets, the GEMM probe against a peak recomputed from its stated
+inputs, the stage timings against the wall clock, and that a spent --time-budget skips stages
+with a reason. Must pass with or without a GPU (no GPU: exit 0 and a no_gpu_reason)."""
 import json
+import math
 import subprocess
 import sys
+import time
 
-out = subprocess.run([sys.argv[1], "doctor", "--json"], capture_output=True, text=True, timeout=170)
-assert out.returncode == 0, f"doctor exited {out.returncode}: {out.stderr}"
-report = json.loads(out.stdout)
+DSINFER = sys.argv[1]
+VERDICTS = ("supported", "degraded", "unsupported", "unchecked")
+EXPECTED_CHECKS = {"gemv/fp8-e8m0", "gemm/fp8-e8m0", "gemv/fp4-e8m0", "gemm/fp4-e8m0", "gemv/bf16",
+                   "gemm/bf16", "rmsnorm/f32", "rmsnorm/bf16-out", "rope/forward", "rope/inverse"}
+
+
+def doctor(*extra):
+    t0 = time.monotonic()
+    out = subprocess.run([DSINFER, "doctor", "--json", *extra], capture_output=True, text=True,
+                         timeout=170)
+    wall = time.monotonic() - t0
+    assert out.returncode == 0, f"doctor exited {out.returncode}: {out.stderr}"
+    return json.loads(out.stdout), wall
+
+
+def check_stages(report, wall):
+    stages = report["stages"]
+    names = [s["name"] for s in stages]
+    for required in ("memory_bandwidth", "cpu_selfcheck", "cpu_gemm_probe", "gpu"):
+        assert required in names, f"stage {required} missing: {names}"
+    total = 0.0
+    for s in stages:
+        assert s["status"] in ("ran", "skipped"), s
+        assert s["wall_s"] >= 0, s
+        if s["status"] == "skipped":
+            assert s["wall_s"] == 0 and "time budget" in s["reason"], s
+        total += s["wall_s"]
+    # Stages run one after another inside the process: their sum cannot exceed its wall time.
+    assert total <= report["elapsed_s"] + 1e-6 <= wall + 1e-3, (total, report["elapsed_s"], wall)
+
+
+# 1. Full run with the default budget.
+report, wall = doctor()
 cpu, gpu = report["cpu"], report["gpu"]
-for key in ("model", "features", "threads", "ram_bytes", "memory_read_gbps", "verdict"):
+for key in ("model", "features", "threads", "ram_bytes", "memory_read_gbps", "verdict", "why",
+            "selfcheck", "gemm_probe"):
     assert key in cpu, f"cpu.{key} missing"
-for feat in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "avx_vnni"):
+for feat in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+             "avx_vnni"):
     assert isinstance(cpu["features"].get(feat), bool), f"cpu.features.{feat} missing"
 assert cpu["memory_read_gbps"] > 0
+assert report["time_budget_s"] == 60
+check_stages(report, wall)
+assert all(s["status"] == "ran" for s in report["stages"]), "a stage was skipped within 60 s"
+
+checks = cpu["selfcheck"]["checks"]
+assert {c["op"] for c in checks} == EXPECTED_CHECKS, [c["op"] for c in checks]
+for c in checks:
+    err, budget = c["max_rel_err"], c["budget"]
+    assert math.isfinite(err) and err >= 0, c
+    assert 0 < budget < 0.01, c  # every budget is a small relative error, never a free pass
+    assert c["pass"] == (err <= budget), c
+    assert c["pass"], f"CPU self-check failed: {c}"
+    assert c["relative_to"], c
+# An op that computes in fp32 cannot be exact against fp64 on random data of these sizes: an
+# error of exactly 0 on every check would mean the reference is the code under test.
+assert any(c["max_rel_err"] > 0 for c in checks)
+assert cpu["selfcheck"]["failed"] == 0 and cpu["verdict"] == "supported", cpu["why"]
+
+g = cpu["gemm_probe"]
+inputs = g["peak_inputs"]
+assert inputs["cores"] >= 1 and inputs["ghz"] > 0 and inputs["fma_units"] >= 1
+assert inputs["fp32_lanes"] in (4, 8, 16)
+assert inputs["fp32_lanes"] == (16 if cpu["features"]["avx512f"] else
+                                8 if cpu["features"]["avx2"] and cpu["features"]["fma"] else 4)
+peak = inputs["cores"] * inputs["ghz"] * inputs["fp32_lanes"] * 2 * inputs["fma_units"]
+assert math.isclose(g["peak_gflops"], peak, rel_tol=1e-9), (g["peak_gflops"], peak)
+assert g["gflops"] > 0 and g["repeats"] >= 3 and g["seconds_median"] > 0
+assert math.isclose(g["peak_share"], g["gflops"] / g["peak_gflops"], rel_tol=1e-9)
+# Achieved above the stated peak means the peak (or the timing) is wrong.
+assert 0 < g["peak_share"] <= 1.0, g
+assert "GFLOP/s" in g["peak_derivation"] and str(inputs["fp32_lanes"]) in g["peak_derivation"]
+
 assert isinstance(gpu["built_with_cuda"], bool)
 if not gpu["devices"]:
     assert gpu["no_gpu_reason"], "no devices and no reason"
 for d in gpu["devices"]:
     for key in ("name", "sm", "memory_bytes", "driver", "runtime", "paths", "verdict", "why"):
         assert key in d, f"device.{key} missing"
-    assert d["verdict"] in ("supported", "degraded", "unsupported")
-print("doctor report ok:", "GPUs:", len(gpu["devices"]), gpu.get("no_gpu_reason", ""))
+    assert d["verdict"] in VERDICTS
+
+# 2. A spent budget: every budgeted stage is skipped with the reason, GPU enumeration still runs,
+#    and the verdicts say nothing was checked.
+report, wall = doctor("--time-budget", "0")
+check_stages(report, wall)
+by_name = {s["name"]: s for s in report["stages"]}
+for name in ("memory_bandwidth", "cpu_selfcheck", "cpu_gemm_probe"):
+    assert by_name[name]["status"] == "skipped", by_name[name]
+assert by_name["gpu"]["status"] == "ran"
+assert report["cpu"]["verdict"] == "unchecked" and "time budget" in report["cpu"]["why"]
+assert "selfcheck" not in report["cpu"] and "gemm_probe" not in report["cpu"]
+for d in report["gpu"]["devices"]:
+    assert d["verdict"] in ("unchecked", "unsupported"), d  # unsupported: no code for the arch
+
+# 3. Bad budgets are usage errors.
+for bad in ("-1", "abc", "nan"):
+    out = subprocess.run([DSINFER, "doctor", "--time-budget", bad], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "time-budget" in out.stderr, (bad, out.returncode, out.stderr)
+
+print("doctor report ok:", "GPUs:", len(gpu["devices"]), gpu.get("no_gpu_reason", ""),
+      f"GEMM {g['gflops']:.1f} GFLOP/s = {100 * g['peak_share']:.1f}% of {g['peak_gflops']:.0f}")
