@@ -75,15 +75,19 @@ int RunBenchServe(int argc, char** argv) {
   }
   cfg.url = *url;
   cfg.api_key = args.GetOr("api-key", "");
-  cfg.model = args.GetOr("model", "");
+  cfg.workload.model = args.GetOr("model", "");
   long long n = 0;
   double d = 0;
   if (args.Has("num-prompts") && args.GetInt("num-prompts", &n))
     cfg.num_prompts = static_cast<int>(n);
-  if (args.Has("input-len") && args.GetInt("input-len", &n)) cfg.input_len = static_cast<int>(n);
-  if (args.Has("output-len") && args.GetInt("output-len", &n)) cfg.output_len = static_cast<int>(n);
-  if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.vocab_hint = static_cast<int>(n);
-  if (args.Has("seed") && args.GetInt("seed", &n)) cfg.seed = static_cast<uint64_t>(n);
+  if (args.Has("input-len") && args.GetInt("input-len", &n))
+    cfg.workload.input_len = {measure::LengthSpec::Kind::kFixed, static_cast<double>(n), 0,
+                              std::to_string(n)};
+  if (args.Has("output-len") && args.GetInt("output-len", &n))
+    cfg.workload.output_len = {measure::LengthSpec::Kind::kFixed, static_cast<double>(n), 0,
+                               std::to_string(n)};
+  if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.workload.vocab_hint = static_cast<int>(n);
+  if (args.Has("seed") && args.GetInt("seed", &n)) cfg.workload.seed = static_cast<uint64_t>(n);
   if (args.Has("request-rate") && args.GetDouble("request-rate", &d)) cfg.request_rate = d;
   if (args.Has("timeout") && args.GetDouble("timeout", &d)) cfg.timeout_s = d;
   if (!args.error().empty()) {
@@ -95,7 +99,7 @@ int RunBenchServe(int argc, char** argv) {
     std::fprintf(stderr, "bench serve: --endpoint must be completions or chat\n");
     return 2;
   }
-  cfg.chat = endpoint == "chat";
+  cfg.workload.chat = endpoint == "chat";
   if (args.Has("slo") && !ParseSlo(*args.Get("slo"), &cfg)) {
     std::fprintf(stderr, "bench serve: bad --slo (ttft=MS,tpot=MS,e2e=MS)\n");
     return 2;
@@ -110,7 +114,8 @@ int RunBenchServe(int argc, char** argv) {
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   std::string levels_json, csv = measure::CsvHeader();
   int failed_total = 0;
-  for (int c : levels) {
+  for (size_t level_index = 0; level_index < levels.size(); ++level_index) {
+    const int c = levels[level_index];
     auto progress = [&](int done, int total) {
       if (tty) {
         const int width = 30, filled = width * done / total;
@@ -121,7 +126,7 @@ int RunBenchServe(int argc, char** argv) {
         std::fprintf(stderr, "concurrency %d: %d/%d requests\n", c, done, total);
       }
     };
-    measure::LevelResult level = measure::RunLevel(cfg, c, progress);
+    measure::LevelResult level = measure::RunLevel(cfg, static_cast<int>(level_index), c, progress);
     for (const auto& r : level.records) {
       if (!r.ok && failed_total == 0)
         std::fprintf(stderr, "bench serve: first failure: %s %s\n", r.error.c_str(),
@@ -135,14 +140,7 @@ int RunBenchServe(int argc, char** argv) {
   std::printf("%s", csv.c_str());
   if (args.Has("csv")) std::ofstream(*args.Get("csv")) << csv;
   if (args.Has("output-json")) {
-    char config[1024];
-    std::snprintf(config, sizeof(config),
-                  "{\"url\":\"%s\",\"endpoint\":\"%s\",\"num_prompts\":%d,\"input_len\":%d,"
-                  "\"output_len\":%d,\"seed\":%llu,\"request_rate\":%g,\"slo_ms\":{\"ttft\":%g,"
-                  "\"tpot\":%g,\"e2e\":%g}}",
-                  args.Get("url")->c_str(), endpoint.c_str(), cfg.num_prompts, cfg.input_len,
-                  cfg.output_len, static_cast<unsigned long long>(cfg.seed), cfg.request_rate,
-                  cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2e_ms);
+    const std::string config = measure::ConfigJson(cfg, *args.Get("url"), endpoint);
     std::ofstream(*args.Get("output-json"))
         << "{\"config\":" << config << ",\"results\":[" << levels_json << "]}\n";
   }

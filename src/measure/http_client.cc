@@ -12,7 +12,9 @@
 #include <boost/beast/http/read.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "net/deadline_stream.h"
 
@@ -115,7 +117,10 @@ Result<HttpResult> HttpCall(const Url& url, const HttpRequestSpec& request,
   net::DeadlineSocketStream stream(fd.fd, deadline);
   boost::beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
-  parser.body_limit(boost::none);
+  // No body limit. Not boost::none: Boost 1.74's parser compares a Content-Length against the
+  // optional limit with `len > limit`, which is true for an empty optional, so every
+  // length-delimited body would fail with body_limit (only chunked streams got through).
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   boost::system::error_code ec;
   http::read_header(stream, buffer, parser, ec);
   if (ec) return IoError("reading the response header: " + ec.message());

@@ -1,10 +1,13 @@
 #include "measure/load.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -18,33 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The request body of prompt `index` (deterministic in seed and index).
-std::string RequestBody(const LoadConfig& cfg, int index) {
-  std::mt19937_64 rng(cfg.seed * 1000003 + static_cast<uint64_t>(index));
-  Json body = {{"stream", true},
-               {"stream_options", {{"include_usage", true}}},
-               {"max_tokens", cfg.output_len},
-               {"ignore_eos", true},
-               {"temperature", 0}};
-  if (!cfg.model.empty()) body["model"] = cfg.model;
-  if (cfg.chat) {
-    static constexpr const char* kWords[] = {"river", "stone", "light", "paper", "cloud", "metal",
-                                             "green", "quiet", "north", "table", "seven", "bread"};
-    std::string text;
-    for (int i = 0; i < cfg.input_len; ++i) {
-      if (i) text += ' ';
-      text += kWords[rng() % std::size(kWords)];
-    }
-    body["messages"] = Json::array({{{"role", "user"}, {"content", text}}});
-  } else {
-    std::uniform_int_distribution<int> id(10, std::max(11, cfg.vocab_hint - 1));
-    Json ids = Json::array();
-    for (int i = 0; i < cfg.input_len; ++i) ids.push_back(id(rng));
-    body["prompt"] = ids;
-  }
-  return body.dump();
 }
 
 bool HasOutput(const Json& chunk, bool chat) {
@@ -61,13 +37,14 @@ bool HasOutput(const Json& chunk, bool chat) {
          (nonempty(*d, "content") || nonempty(*d, "reasoning_content"));
 }
 
-RequestRecord OneRequest(const LoadConfig& cfg, int index) {
+RequestRecord OneRequest(const LoadConfig& cfg, int level, int index) {
   RequestRecord rec;
+  const RequestPlan plan = PlanRequest(cfg.workload, level, index, cfg.num_prompts);
   HttpRequestSpec req;
-  req.path = cfg.chat ? "/v1/chat/completions" : "/v1/completions";
+  req.path = plan.chat ? "/v1/chat/completions" : "/v1/completions";
   req.headers = {{"Content-Type", "application/json"}};
   if (!cfg.api_key.empty()) req.headers.emplace_back("Authorization", "Bearer " + cfg.api_key);
-  req.body = RequestBody(cfg, index);
+  req.body = plan.body;
   req.timeout_s = cfg.timeout_s;
   SseReader sse;
   std::string error_body;
@@ -84,7 +61,7 @@ RequestRecord OneRequest(const LoadConfig& cfg, int index) {
         stream_error = true;
         continue;
       }
-      if (HasOutput(chunk, cfg.chat)) {
+      if (HasOutput(chunk, plan.chat)) {
         if (last_token_s < 0) {
           rec.ttft_s = now;
         } else {
@@ -96,6 +73,9 @@ RequestRecord OneRequest(const LoadConfig& cfg, int index) {
       if (u != chunk.end() && u->is_object()) {
         rec.prompt_tokens = u->value("prompt_tokens", int64_t{0});
         rec.output_tokens = u->value("completion_tokens", int64_t{0});
+        auto details = u->find("prompt_tokens_details");
+        if (details != u->end() && details->is_object())
+          rec.cached_prompt_tokens = details->value("cached_tokens", int64_t{0});
         saw_usage = true;
       }
     }
@@ -125,11 +105,48 @@ RequestRecord OneRequest(const LoadConfig& cfg, int index) {
 
 }  // namespace
 
-LevelResult RunLevel(const LoadConfig& cfg, int concurrency,
+Result<PromSnapshot> ScrapeMetrics(const LoadConfig& cfg) {
+  HttpRequestSpec req;
+  req.method = "GET";
+  req.path = "/metrics";
+  if (!cfg.api_key.empty()) req.headers.emplace_back("Authorization", "Bearer " + cfg.api_key);
+  req.timeout_s = std::min(cfg.timeout_s, 10.0);
+  DSINFER_ASSIGN_OR_RETURN(HttpResult res, HttpCall(cfg.url, req));
+  if (res.status != 200) return IoError("GET /metrics: HTTP " + std::to_string(res.status));
+  return ParsePrometheusSnapshot(res.body);
+}
+
+namespace {
+
+// The server's request-success counter (dsinfer:, vllm:, sglang: prefixes alike), or nullptr.
+const double* RequestSuccessCount(const PromSnapshot& snap) {
+  for (const auto& [name, value] : snap.counters) {
+    const std::string suffix = "request_success_total";
+    if (name.size() >= suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return &value;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+LevelResult RunLevel(const LoadConfig& cfg, int level_index, int concurrency,
                      const std::function<void(int, int)>& progress) {
   LevelResult level;
   level.concurrency = cfg.request_rate > 0 ? 0 : concurrency;
   level.records.resize(static_cast<size_t>(cfg.num_prompts));
+  std::optional<PromSnapshot> before;
+  if (cfg.scrape_metrics) {
+    Result<PromSnapshot> scraped = ScrapeMetrics(cfg);
+    if (scraped.ok()) {
+      before = std::move(*scraped);
+    } else {
+      level.server_metrics_error = scraped.status().ToString();
+    }
+  } else {
+    level.server_metrics_error = "not scraped";
+  }
   std::atomic<int> next{0}, done{0};
   std::mutex progress_mu;
   auto finished = [&] {
@@ -143,11 +160,11 @@ LevelResult RunLevel(const LoadConfig& cfg, int concurrency,
   std::vector<std::thread> threads;
   if (cfg.request_rate > 0) {
     // Poisson arrivals: one thread per request, launched at exponential gaps.
-    std::mt19937_64 rng(cfg.seed);
+    std::mt19937_64 rng(cfg.workload.seed);
     std::exponential_distribution<double> gap(cfg.request_rate);
     for (int i = 0; i < cfg.num_prompts; ++i) {
       threads.emplace_back([&, i] {
-        level.records[static_cast<size_t>(i)] = OneRequest(cfg, i);
+        level.records[static_cast<size_t>(i)] = OneRequest(cfg, level_index, i);
         finished();
       });
       std::this_thread::sleep_for(std::chrono::duration<double>(gap(rng)));
@@ -156,7 +173,7 @@ LevelResult RunLevel(const LoadConfig& cfg, int concurrency,
     for (int w = 0; w < std::max(1, concurrency); ++w) {
       threads.emplace_back([&] {
         for (int i = next++; i < cfg.num_prompts; i = next++) {
-          level.records[static_cast<size_t>(i)] = OneRequest(cfg, i);
+          level.records[static_cast<size_t>(i)] = OneRequest(cfg, level_index, i);
           finished();
         }
       });
@@ -164,6 +181,25 @@ LevelResult RunLevel(const LoadConfig& cfg, int concurrency,
   }
   for (auto& t : threads) t.join();
   level.duration_s = Since(t0);
+  if (level.server_metrics_error.empty()) {
+    // A server may count a request just after its stream's last byte: wait (briefly) until its
+    // success counter covers this level's completed requests, so the delta holds all of them.
+    const int completed = static_cast<int>(std::count_if(
+        level.records.begin(), level.records.end(), [](const RequestRecord& r) { return r.ok; }));
+    const auto settle_deadline = Clock::now() + std::chrono::seconds(2);
+    for (;;) {
+      Result<PromSnapshot> after = ScrapeMetrics(cfg);
+      if (!after.ok()) {
+        level.server_metrics_error = after.status().ToString();
+        break;
+      }
+      level.server_delta = SnapshotDelta(*before, *after);
+      level.has_server_delta = true;
+      const double* successes = RequestSuccessCount(level.server_delta);
+      if (successes == nullptr || *successes >= completed || Clock::now() > settle_deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   return level;
 }
 
@@ -171,7 +207,7 @@ namespace {
 
 struct Summary {
   int completed = 0, failed = 0, good = 0;
-  int64_t input_tokens = 0, output_tokens = 0;
+  int64_t input_tokens = 0, output_tokens = 0, cached_prompt_tokens = 0;
   std::map<std::string, int> errors;
   LatencyStats ttft, tpot, itl, e2e;  // milliseconds
 };
@@ -188,6 +224,7 @@ Summary Summarize(const LoadConfig& cfg, const LevelResult& level) {
     ++s.completed;
     s.input_tokens += r.prompt_tokens;
     s.output_tokens += r.output_tokens;
+    s.cached_prompt_tokens += r.cached_prompt_tokens;
     ttft.push_back(r.ttft_s * 1e3);
     e2e.push_back(r.e2e_s * 1e3);
     double r_tpot = 0;
@@ -213,27 +250,70 @@ Json StatsJson(const LatencyStats& s) {
           {"p99", s.p99},     {"min", s.min},   {"max", s.max}};
 }
 
+// The level's /metrics delta: counters, and histograms with their finite buckets (the +Inf
+// bucket equals "count"; JSON has no infinity).
+Json ServerDeltaJson(const PromSnapshot& delta) {
+  Json histograms = Json::object();
+  for (const auto& [name, h] : delta.histograms) {
+    Json buckets = Json::array();
+    for (const auto& [le, count] : h.buckets)
+      if (std::isfinite(le)) buckets.push_back({le, count});
+    histograms[name] = {{"count", h.count}, {"sum", h.sum}, {"buckets", buckets}};
+  }
+  return {{"counters", delta.counters}, {"histograms", histograms}};
+}
+
 }  // namespace
 
 std::string LevelJson(const LoadConfig& cfg, const LevelResult& level) {
   const Summary s = Summarize(cfg, level);
   const double dur = level.duration_s > 0 ? level.duration_s : 1e-9;
-  Json j = {{"concurrency", level.concurrency},
-            {"request_rate", cfg.request_rate},
-            {"completed", s.completed},
-            {"failed", s.failed},
-            {"errors", s.errors},
-            {"duration_s", level.duration_s},
-            {"total_input_tokens", s.input_tokens},
-            {"total_output_tokens", s.output_tokens},
-            {"request_throughput", s.completed / dur},
-            {"output_token_throughput", static_cast<double>(s.output_tokens) / dur},
-            {"total_token_throughput", static_cast<double>(s.input_tokens + s.output_tokens) / dur},
-            {"request_goodput", s.good / dur},
-            {"ttft_ms", StatsJson(s.ttft)},
-            {"tpot_ms", StatsJson(s.tpot)},
-            {"itl_ms", StatsJson(s.itl)},
-            {"e2e_ms", StatsJson(s.e2e)}};
+  Json j = {
+      {"concurrency", level.concurrency},
+      {"request_rate", cfg.request_rate},
+      {"completed", s.completed},
+      {"failed", s.failed},
+      {"errors", s.errors},
+      {"duration_s", level.duration_s},
+      {"total_input_tokens", s.input_tokens},
+      {"total_output_tokens", s.output_tokens},
+      {"total_cached_prompt_tokens", s.cached_prompt_tokens},
+      {"mean_input_tokens", s.completed ? static_cast<double>(s.input_tokens) / s.completed : 0.0},
+      {"mean_output_tokens",
+       s.completed ? static_cast<double>(s.output_tokens) / s.completed : 0.0},
+      {"request_throughput", s.completed / dur},
+      {"output_token_throughput", static_cast<double>(s.output_tokens) / dur},
+      {"total_token_throughput", static_cast<double>(s.input_tokens + s.output_tokens) / dur},
+      {"request_goodput", s.good / dur},
+      {"ttft_ms", StatsJson(s.ttft)},
+      {"tpot_ms", StatsJson(s.tpot)},
+      {"itl_ms", StatsJson(s.itl)},
+      {"e2e_ms", StatsJson(s.e2e)}};
+  if (level.has_server_delta) {
+    j["server_metrics"] = ServerDeltaJson(level.server_delta);
+  } else {
+    j["server_metrics"] = nullptr;
+    j["server_metrics_error"] = level.server_metrics_error;
+  }
+  return j.dump();
+}
+
+std::string ConfigJson(const LoadConfig& cfg, const std::string& url_text,
+                       const std::string& endpoint) {
+  const WorkloadConfig& w = cfg.workload;
+  Json j = {
+      {"url", url_text},
+      {"endpoint", endpoint},
+      {"num_prompts", cfg.num_prompts},
+      {"input_len", w.input_len.text},
+      {"output_len", w.output_len.text},
+      {"seed", w.seed},
+      {"request_rate", cfg.request_rate},
+      {"slo_ms", {{"ttft", cfg.slo_ttft_ms}, {"tpot", cfg.slo_tpot_ms}, {"e2e", cfg.slo_e2e_ms}}}};
+  if (!w.prompts_source.empty()) {
+    j["prompts_file"] = w.prompts_source;
+    j["prompts_in_file"] = w.prompts.size();
+  }
   return j.dump();
 }
 

@@ -7,6 +7,7 @@
 //   TPOT  (e2e - ttft) / (output_tokens - 1), requests with >= 2 output tokens
 //   E2E   send start -> end of the stream
 // Output and prompt token counts come from the server's usage (stream_options.include_usage).
+// Request bodies come from measure/workload.h.
 #pragma once
 
 #include <cstdint>
@@ -16,23 +17,21 @@
 
 #include "core/status.h"
 #include "measure/http_client.h"
+#include "measure/prometheus.h"
 #include "measure/stats.h"
+#include "measure/workload.h"
 
 namespace dsinfer::measure {
 
 struct LoadConfig {
   Url url;
   std::string api_key;
-  std::string model;  // "" -> omitted from the request
-  bool chat = false;  // /v1/chat/completions instead of /v1/completions
-  int num_prompts = 16;
-  int input_len = 32;     // completions: token ids; chat: words
-  int output_len = 16;    // max_tokens with ignore_eos
-  int vocab_hint = 1000;  // synthetic token ids are drawn from [10, vocab_hint)
-  uint64_t seed = 0;
+  WorkloadConfig workload;  // what each request sends (and the seed of the arrival gaps)
+  int num_prompts = 16;     // requests per level
   double request_rate = 0;  // > 0: Poisson arrivals, unbounded concurrency
   double timeout_s = 600;
   double slo_ttft_ms = 0, slo_tpot_ms = 0, slo_e2e_ms = 0;  // 0: no SLO on that metric
+  bool scrape_metrics = true;  // GET /metrics before and after each level (skipped if it fails)
 };
 
 struct RequestRecord {
@@ -42,22 +41,36 @@ struct RequestRecord {
   double ttft_s = 0, e2e_s = 0;
   std::vector<double> itl_s;
   int64_t prompt_tokens = 0, output_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // usage.prompt_tokens_details.cached_tokens, when reported
 };
 
 struct LevelResult {
   int concurrency = 0;  // 0 in request-rate mode
   double duration_s = 0;
   std::vector<RequestRecord> records;
+  // The server's /metrics change over the level (scraped right before and after it), so each
+  // level's figures can be checked against the server's own histograms of that level alone.
+  bool has_server_delta = false;
+  PromSnapshot server_delta;
+  std::string server_metrics_error;  // why there is no delta ("" when there is one)
 };
 
-// Runs cfg.num_prompts requests at one concurrency level (ignored when request_rate > 0).
+// Runs cfg.num_prompts requests at one concurrency level (ignored when request_rate > 0);
+// `level` is the level's 0-based position in the run, which makes its prompts its own.
 // progress (optional) is called after each finished request with (done, total).
-LevelResult RunLevel(const LoadConfig& cfg, int concurrency,
+LevelResult RunLevel(const LoadConfig& cfg, int level, int concurrency,
                      const std::function<void(int, int)>& progress = nullptr);
+
+// GET /metrics at cfg.url, parsed.
+Result<PromSnapshot> ScrapeMetrics(const LoadConfig& cfg);
 
 // The JSON object of one level: counts, errors by kind, throughputs, ttft/tpot/itl/e2e in ms,
 // goodput. Serialized text (nlohmann stays inside this layer).
 std::string LevelJson(const LoadConfig& cfg, const LevelResult& level);
+// The report's "config" object: url, endpoint, prompts source, lengths (as given), seed, rate,
+// SLOs.
+std::string ConfigJson(const LoadConfig& cfg, const std::string& url_text,
+                       const std::string& endpoint);
 std::string CsvHeader();
 std::string LevelCsv(const LoadConfig& cfg, const LevelResult& level);
 

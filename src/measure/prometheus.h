@@ -25,4 +25,15 @@ struct PromHistogram {
 // are ignored for simplicity (dsinfer's histograms carry only `le`).
 Result<std::map<std::string, PromHistogram>> ParsePrometheusHistograms(const std::string& text);
 
+// One /metrics scrape: counters (samples named *_total, summed over their label sets, so
+// `request_success_total{finished_reason=...}` becomes one request count) and histograms.
+struct PromSnapshot {
+  std::map<std::string, double> counters;
+  std::map<std::string, PromHistogram> histograms;
+};
+Result<PromSnapshot> ParsePrometheusSnapshot(const std::string& text);
+// after - before for every counter and histogram (bucket by bucket, matched on "le") in `after`;
+// what `before` lacks counts as 0. Attributes a scrape-to-scrape window's traffic to one level.
+PromSnapshot SnapshotDelta(const PromSnapshot& before, const PromSnapshot& after);
+
 }  // namespace dsinfer::measure

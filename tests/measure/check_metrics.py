@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
-"""Checks a `dsinfer bench serve` JSON report against the server's /metrics histograms (stdlib
-only). For TTFT and E2E: the histogram count equals the number of completed requests, and the
-report's median lies in the bucket holding the server's median, give or take one bucket.
-Usage: check_metrics.py REPORT.json METRICS.txt"""
+"""Checks a `dsinfer bench serve` JSON report against the server's own /metrics (stdlib only).
+Each level carries the server's /metrics delta over that level ("server_metrics"), so every level is
+checked against its own histograms, not the pooled ones:
+  - TTFT and E2E histogram counts equal the level's completed requests, and the report's median lies
+    in the bucket holding the server's median for that level, give or take one bucket;
+  - the server's request-success count equals the level's completed requests, and its prefix-cache
+    query count equals the level's prompt tokens;
+  - with --no-cache-hits: prefix-cache hits are ~0 (<= 2% of the queried tokens), i.e. the
+    synthetic prompts really differ across levels and requests.
+With METRICS.txt (a final scrape) the pooled histogram counts must equal the total completed.
+Usage: check_metrics.py REPORT.json [METRICS.txt] [--no-cache-hits]"""
 import json
 import re
 import sys
 
 
-def histograms(text):
+def pooled_counts(text):
     out = {}
     for line in text.splitlines():
-        m = re.match(r'^(dsinfer:\w+)_bucket\{le="([^"]+)"\} (\S+)$', line)
-        if m:
-            out.setdefault(m.group(1), []).append((float(m.group(2)), float(m.group(3))))
         m = re.match(r'^(dsinfer:\w+)_count (\S+)$', line)
         if m:
-            out.setdefault(m.group(1) + "#count", float(m.group(2)))
+            out[m.group(1)] = float(m.group(2))
     return out
 
 
@@ -24,33 +28,68 @@ def bucket_of(bounds, value):
     for i, le in enumerate(bounds):
         if value <= le:
             return i
-    return len(bounds) - 1
+    return len(bounds)  # the +Inf bucket
+
+
+def median_bucket(hist):
+    count = hist["count"]
+    for i, (_, c) in enumerate(hist["buckets"]):
+        if c >= count / 2:
+            return i
+    return len(hist["buckets"])
+
+
+def check_level(r, no_cache_hits, failures):
+    name_of = f"level c={r['concurrency']}"
+    sm = r.get("server_metrics")
+    if sm is None:
+        failures.append(f"{name_of}: no server_metrics ({r.get('server_metrics_error')})")
+        return
+    completed = r["completed"]
+    for hname, key in (("dsinfer:time_to_first_token_seconds", "ttft_ms"),
+                       ("dsinfer:e2e_request_latency_seconds", "e2e_ms")):
+        h = sm["histograms"].get(hname)
+        if h is None or h["count"] != completed:
+            failures.append(f"{name_of} {hname}: server count {h and h['count']} != completed "
+                            f"{completed}")
+            continue
+        bounds = [le for le, _ in h["buckets"]]
+        server = median_bucket(h)
+        ours = bucket_of(bounds, r[key]["median"] / 1e3)
+        ok = abs(server - ours) <= 1
+        print(f"{name_of} {hname}: report median bucket {ours}, server median bucket {server} "
+              f"{'ok' if ok else 'MISMATCH'}")
+        if not ok:
+            failures.append(f"{name_of} {hname}: report median bucket {ours} vs server {server}")
+    c = sm["counters"]
+    success = c.get("dsinfer:request_success_total")
+    if success != completed:
+        failures.append(f"{name_of}: server request_success delta {success} != completed {completed}")
+    queries = c.get("dsinfer:prefix_cache_queries_total")
+    hits = c.get("dsinfer:prefix_cache_hits_total")
+    if queries != r["total_input_tokens"]:
+        failures.append(f"{name_of}: prefix-cache queries {queries} != prompt tokens "
+                        f"{r['total_input_tokens']}")
+    print(f"{name_of}: requests {success}, prompt tokens {queries}, prefix-cache hits {hits}, "
+          f"cached tokens in usage {r['total_cached_prompt_tokens']}")
+    if no_cache_hits and (hits is None or hits > 0.02 * max(queries or 0, 1)):
+        failures.append(f"{name_of}: prefix-cache hits {hits} of {queries} tokens (expected ~0)")
 
 
 def main():
-    report = json.load(open(sys.argv[1]))
-    h = histograms(open(sys.argv[2]).read())
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    no_cache_hits = "--no-cache-hits" in sys.argv[1:]
+    report = json.load(open(args[0]))
     results = report["results"]
-    completed = sum(r["completed"] for r in results)
     failures = []
-    for name, key in (("dsinfer:time_to_first_token_seconds", "ttft_ms"),
-                      ("dsinfer:e2e_request_latency_seconds", "e2e_ms")):
-        count = h.get(name + "#count")
-        if count != completed:
-            failures.append(f"{name}: server count {count} != completed {completed}")
-            continue
-        buckets = sorted(h[name])
-        bounds = [le for le, _ in buckets]
-        server_median = next(i for i, (_, c) in enumerate(buckets) if c >= count / 2)
-        # The server pools every level; the pooled median lies between the smallest and the
-        # largest per-level median, so its bucket must lie within theirs, give or take one.
-        level_buckets = [bucket_of(bounds, r[key]["median"] / 1e3) for r in results]
-        lo, hi = min(level_buckets), max(level_buckets)
-        ok = lo - 1 <= server_median <= hi + 1
-        print(f"{name}: level median buckets {level_buckets}, server median bucket {server_median} "
-              f"(le={bounds[server_median]}) {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(f"{name}: server median bucket {server_median} outside [{lo}, {hi}] +- 1")
+    for r in results:
+        check_level(r, no_cache_hits, failures)
+    if len(args) > 1:
+        pooled = pooled_counts(open(args[1]).read())
+        completed = sum(r["completed"] for r in results)
+        for name in ("dsinfer:time_to_first_token_seconds", "dsinfer:e2e_request_latency_seconds"):
+            if pooled.get(name) != completed:
+                failures.append(f"pooled {name}: count {pooled.get(name)} != completed {completed}")
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0

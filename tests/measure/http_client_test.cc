@@ -1,5 +1,6 @@
 // HttpCall against a one-shot socket server in a thread: a chunked SSE response written in
-// pieces, a server that never answers (the deadline must fire), and a refused connection.
+// pieces, a length-delimited body collected whole, a server that never answers (the deadline must
+// fire), and a refused connection.
 #include "measure/http_client.h"
 
 #include <arpa/inet.h>
@@ -84,6 +85,33 @@ TEST(HttpClient, StreamsAChunkedSseBodyInPieces) {
   EXPECT_TRUE(sse.done());
   EXPECT_NE(seen_request.find("POST /v1/completions HTTP/1.1"), std::string::npos);
   EXPECT_NE(seen_request.find("Authorization: Bearer k"), std::string::npos);
+}
+
+TEST(HttpClient, CollectsALengthDelimitedBody) {
+  Listener l;
+  std::string seen_request;
+  const std::string body(40000, 'm');  // larger than one body read
+  std::thread server([&] {
+    int c = ::accept(l.fd, nullptr, nullptr);
+    seen_request = ReadRequest(c);
+    const std::string out = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    ::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+    ::close(c);
+  });
+  auto url = ParseUrl("http://127.0.0.1:" + std::to_string(l.port));
+  ASSERT_TRUE(url.ok());
+  HttpRequestSpec req;
+  req.method = "GET";
+  req.path = "/metrics";
+  req.timeout_s = 10;
+  auto r = HttpCall(*url, req);
+  server.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, body);
+  EXPECT_EQ(seen_request.rfind("GET /metrics HTTP/1.1\r\n", 0), 0u);
+  EXPECT_EQ(seen_request.find("Content-Length"), std::string::npos);  // a GET has no body
 }
 
 TEST(HttpClient, DeadlineFiresWhenTheServerNeverAnswers) {
