@@ -15,5 +15,6 @@ int RunDetokenize(int argc, char** argv);
 int RunRender(int argc, char** argv);
 int RunServe(int argc, char** argv);
 int RunDoctor(int argc, char** argv);
+int RunCompare(int argc, char** argv);  // cmd_compare.cc: `compare logits|endpoints`
 
 }  // namespace dsinfer::cli
