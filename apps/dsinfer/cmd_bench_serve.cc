@@ -54,14 +54,18 @@ bool ParseSlo(const std::string& text, measure::LoadConfig* cfg) {
 int RunBenchServe(int argc, char** argv) {
   const char* usage =
       "dsinfer bench serve --url http://HOST:PORT [--api-key K] [--model NAME] [--num-prompts N] "
-      "[--input-len L] [--output-len L] [--vocab N] [--concurrency 1,4,16 | --request-rate R] "
+      "[--prompts FILE.jsonl] [--input-len LEN] [--output-len LEN] [--vocab N] "
+      "[--concurrency 1,4,16 | --request-rate R] "
       "[--seed S] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
-      "[--output-json FILE] [--csv FILE] [--timeout S]";
+      "[--output-json FILE] [--csv FILE] [--timeout S]\n"
+      "  LEN: N | uniform:LO:HI | normal:MEAN:STD (per request, seeded, clipped to >= 1)\n"
+      "  --prompts: one {\"prompt\": ...} or {\"messages\": [...]} per line, optional "
+      "\"max_tokens\"";
   Args args;
   if (!args.Parse(argc, argv,
-                  {"url", "api-key", "model", "num-prompts", "input-len", "output-len", "vocab",
-                   "concurrency", "request-rate", "seed", "endpoint", "slo", "output-json", "csv",
-                   "timeout"},
+                  {"url", "api-key", "model", "num-prompts", "prompts", "input-len", "output-len",
+                   "vocab", "concurrency", "request-rate", "seed", "endpoint", "slo", "output-json",
+                   "csv", "timeout"},
                   {}) ||
       !args.Has("url")) {
     std::fprintf(stderr, "%s\nusage: %s\n", args.error().c_str(), usage);
@@ -80,12 +84,33 @@ int RunBenchServe(int argc, char** argv) {
   double d = 0;
   if (args.Has("num-prompts") && args.GetInt("num-prompts", &n))
     cfg.num_prompts = static_cast<int>(n);
-  if (args.Has("input-len") && args.GetInt("input-len", &n))
-    cfg.workload.input_len = {measure::LengthSpec::Kind::kFixed, static_cast<double>(n), 0,
-                              std::to_string(n)};
-  if (args.Has("output-len") && args.GetInt("output-len", &n))
-    cfg.workload.output_len = {measure::LengthSpec::Kind::kFixed, static_cast<double>(n), 0,
-                               std::to_string(n)};
+  for (const auto& [flag, spec] : {std::pair{"input-len", &cfg.workload.input_len},
+                                   std::pair{"output-len", &cfg.workload.output_len}}) {
+    if (!args.Has(flag)) continue;
+    auto parsed = measure::ParseLengthSpec(*args.Get(flag));
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "bench serve: --%s: %s\n", flag, parsed.status().message().c_str());
+      return 2;
+    }
+    *spec = *parsed;
+  }
+  if (args.Has("prompts")) {
+    const std::string path = *args.Get("prompts");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "bench serve: --prompts: cannot open %s\n", path.c_str());
+      return 2;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    auto prompts = measure::ParsePromptsJsonl(text.str(), path);
+    if (!prompts.ok()) {
+      std::fprintf(stderr, "bench serve: --prompts: %s\n", prompts.status().message().c_str());
+      return 2;
+    }
+    cfg.workload.prompts = std::move(*prompts);
+    cfg.workload.prompts_source = path;
+  }
   if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.workload.vocab_hint = static_cast<int>(n);
   if (args.Has("seed") && args.GetInt("seed", &n)) cfg.workload.seed = static_cast<uint64_t>(n);
   if (args.Has("request-rate") && args.GetDouble("request-rate", &d)) cfg.request_rate = d;
@@ -94,10 +119,23 @@ int RunBenchServe(int argc, char** argv) {
     std::fprintf(stderr, "bench serve: %s\n", args.error().c_str());
     return 2;
   }
-  const std::string endpoint = args.GetOr("endpoint", "completions");
+  if (cfg.num_prompts < 1 || cfg.workload.vocab_hint < 12) {
+    std::fprintf(stderr, "bench serve: --num-prompts must be >= 1 and --vocab >= 12\n");
+    return 2;
+  }
+  std::string endpoint = args.GetOr("endpoint", "completions");
   if (endpoint != "completions" && endpoint != "chat") {
     std::fprintf(stderr, "bench serve: --endpoint must be completions or chat\n");
     return 2;
+  }
+  if (!cfg.workload.prompts.empty()) {
+    if (args.Has("endpoint") || args.Has("input-len")) {
+      std::fprintf(stderr,
+                   "bench serve: with --prompts each line picks its endpoint and length; drop "
+                   "--endpoint/--input-len\n");
+      return 2;
+    }
+    endpoint = "per-line";
   }
   cfg.workload.chat = endpoint == "chat";
   if (args.Has("slo") && !ParseSlo(*args.Get("slo"), &cfg)) {

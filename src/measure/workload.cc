@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <sstream>
 
 namespace dsinfer::measure {
@@ -151,16 +150,14 @@ RequestPlan PlanRequest(const WorkloadConfig& cfg, int level, int index, int num
   if (!cfg.model.empty()) body["model"] = cfg.model;
   int max_tokens = SampleLength(cfg.output_len, rng);
   if (!cfg.prompts.empty()) {
-    // A permutation fixed by the seed alone, so every level walks the same order from its own
-    // offset.
-    const size_t n = cfg.prompts.size();
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(Mix(cfg.seed)));
-    const size_t pos = (static_cast<size_t>(level) * static_cast<size_t>(num_prompts) +
-                        static_cast<size_t>(index)) %
-                       n;
-    const PromptEntry& e = cfg.prompts[order[pos]];
+    // File order from a seeded starting line; level L continues at L * num_prompts, so levels
+    // take different lines while the file has enough of them.
+    const uint64_t n = cfg.prompts.size();
+    const uint64_t pos =
+        (Mix(cfg.seed) % n + static_cast<uint64_t>(level) * static_cast<uint64_t>(num_prompts) +
+         static_cast<uint64_t>(index)) %
+        n;
+    const PromptEntry& e = cfg.prompts[pos];
     plan.chat = e.chat;
     if (e.chat) {
       body["messages"] = Json::parse(e.messages_json);

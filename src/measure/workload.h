@@ -56,8 +56,8 @@ struct RequestPlan {
   std::string body;  // the JSON request body, streaming with usage
 };
 // Request `index` of level `level` (0-based position in the --concurrency list). With a prompts
-// file, level L's requests walk a seeded permutation of the entries from L * num_prompts on, so
-// levels use different entries while the file has enough of them.
+// file, requests take the lines in file order from a seeded start, level L from L * num_prompts
+// on (wrapping), so levels use different lines while the file has enough of them.
 RequestPlan PlanRequest(const WorkloadConfig& cfg, int level, int index, int num_prompts);
 
 }  // namespace dsinfer::measure

@@ -4,8 +4,8 @@ Each level carries the server's /metrics delta over that level ("server_metrics"
 checked against its own histograms, not the pooled ones:
   - TTFT and E2E histogram counts equal the level's completed requests, and the report's median lies
     in the bucket holding the server's median for that level, give or take one bucket;
-  - the server's request-success count equals the level's completed requests, and its prefix-cache
-    query count equals the level's prompt tokens;
+  - the server's request-success count equals the level's completed requests, its prefix-cache
+    query count equals the level's prompt tokens, and its hits equal the cached tokens in usage;
   - with --no-cache-hits: prefix-cache hits are ~0 (<= 2% of the queried tokens), i.e. the
     synthetic prompts really differ across levels and requests.
 With METRICS.txt (a final scrape) the pooled histogram counts must equal the total completed.
@@ -72,6 +72,9 @@ def check_level(r, no_cache_hits, failures):
                         f"{r['total_input_tokens']}")
     print(f"{name_of}: requests {success}, prompt tokens {queries}, prefix-cache hits {hits}, "
           f"cached tokens in usage {r['total_cached_prompt_tokens']}")
+    if hits != r["total_cached_prompt_tokens"]:
+        failures.append(f"{name_of}: prefix-cache hits {hits} != cached tokens in usage "
+                        f"{r['total_cached_prompt_tokens']}")
     if no_cache_hits and (hits is None or hits > 0.02 * max(queries or 0, 1)):
         failures.append(f"{name_of}: prefix-cache hits {hits} of {queries} tokens (expected ~0)")
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end: `dsinfer bench serve` against `dsinfer serve` on the demo model; each level of the
 # JSON report must agree with the server's own /metrics delta over that level, and the synthetic
-# prompts must not hit the prefix cache (check_metrics.py). 127.0.0.1 only.
+# prompts must not hit the prefix cache (check_metrics.py). Then a --prompts file run whose lines
+# repeat must show cache hits (so the no-hits check can fail), and a run with length distributions
+# must report realized mean lengths inside their ranges. 127.0.0.1 only.
 # Usage: tests/measure/e2e.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,3 +27,40 @@ report="$build/measure-e2e-report.json"
   --output-len 8 --concurrency 1,4 --seed 1 --output-json "$report" --csv "$build/measure-e2e.csv"
 curl -sf "http://127.0.0.1:$port/metrics" >"$build/measure-e2e-metrics.txt"
 python3 "$here/check_metrics.py" "$report" "$build/measure-e2e-metrics.txt" --no-cache-hits
+
+# A prompts file: 2 lines (completions text with max_tokens, chat) for 4 requests per level, so
+# prompts repeat and the prefix cache must hit; the no-hits check has to reject that run.
+prompts="$build/measure-e2e-prompts.jsonl"
+printf '%s\n' '{"prompt": "the quick brown fox jumps over the lazy dog again and again", "max_tokens": 5}' \
+  '{"messages": [{"role": "user", "content": "name three rivers"}], "max_tokens": 4}' >"$prompts"
+file_report="$build/measure-e2e-file-report.json"
+"$dsinfer" bench serve --url "http://127.0.0.1:$port" --prompts "$prompts" --num-prompts 4 \
+  --concurrency 1,2 --seed 3 --output-json "$file_report" >/dev/null
+python3 "$here/check_metrics.py" "$file_report"
+if python3 "$here/check_metrics.py" "$file_report" --no-cache-hits >/dev/null; then
+  echo "FAIL: repeated prompts showed no prefix-cache hits"; exit 1
+fi
+python3 - "$file_report" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["endpoint"] == "per-line" and r["config"]["prompts_in_file"] == 2, r["config"]
+for level in r["results"]:
+    # Two of each line per level: output lengths 5 and 4 (ignore_eos) -> mean 4.5.
+    assert level["completed"] == 4 and level["mean_output_tokens"] == 4.5, level
+    assert level["total_cached_prompt_tokens"] > 0, level
+PY
+# Length distributions: realized means must lie inside [LO, HI].
+dist_report="$build/measure-e2e-dist-report.json"
+"$dsinfer" bench serve --url "http://127.0.0.1:$port" --num-prompts 8 --input-len uniform:8:40 \
+  --output-len normal:6:2 --concurrency 2 --seed 5 --output-json "$dist_report" >/dev/null
+python3 "$here/check_metrics.py" "$dist_report" --no-cache-hits
+python3 - "$dist_report" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["config"]["input_len"] == "uniform:8:40" and r["config"]["output_len"] == "normal:6:2"
+level = r["results"][0]
+assert level["completed"] == 8, level
+assert 8 <= level["mean_input_tokens"] <= 40 and 1 <= level["mean_output_tokens"] <= 14, level
+print("distribution run: mean input", level["mean_input_tokens"], "mean output",
+      level["mean_output_tokens"])
+PY
