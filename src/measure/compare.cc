@@ -73,17 +73,22 @@ SequenceComparison CompareSequences(std::span<const TokenStep> a, std::span<cons
       break;
     }
     ++r.compared;
-    for (const auto& [t, lp] : a[i].top) {
-      auto it = b[i].top.find(t);
-      if (it == b[i].top.end()) continue;
-      const double d = std::fabs(lp - it->second);
+    auto add_delta = [&](double d) {
       delta_sum += d;
       ++delta_n;
       if (d > r.max_abs_delta) {
         r.max_abs_delta = d;
         r.max_delta_position = static_cast<int64_t>(i);
       }
+    };
+    for (const auto& [t, lp] : a[i].top) {
+      auto it = b[i].top.find(t);
+      if (it != b[i].top.end()) add_delta(std::fabs(lp - it->second));
     }
+    // The chosen token's own logprob is compared even when a side's top-k leaves it out (or is
+    // empty): otherwise a side that returns no alternatives would pass on no evidence.
+    if (a[i].top.count(a[i].token) == 0 || b[i].top.count(b[i].token) == 0)
+      add_delta(std::fabs(a[i].logprob - b[i].logprob));
     const double kl = TopKKlEstimate(a[i].top, b[i].top);
     kl_sum += kl;
     if (kl > r.max_kl) {

@@ -4,7 +4,8 @@
 //
 // Generations: positions are compared in order up to the first divergence (the two sides chose
 // different tokens); after it the contexts differ, so nothing later is compared. At each agreeing
-// position: |Δ logprob| over the tokens in both top-k sets, and a KL(A||B) estimate over the union
+// position: |Δ logprob| over the tokens in both top-k sets (and over the chosen token when a
+// side's top-k omits it), and a KL(A||B) estimate over the union
 // of both top-k sets, each side renormalized over that union, a token missing from one side's
 // top-k getting that side's smallest top-k logprob (an upper bound on its true logprob: it ranked
 // below all k). Verdict: fail when a divergence is not a near-tie (A's logprob of its own token

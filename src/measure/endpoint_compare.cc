@@ -216,12 +216,33 @@ Result<std::vector<TokenStep>> FetchGreedy(const EndpointSide& side, const Compa
 }
 
 void AddPromptComparison(int index, std::vector<TokenStep> a, std::vector<TokenStep> b,
-                         const CompareThresholds& thresholds, EndpointComparison* out) {
+                         int top_logprobs, const CompareThresholds& thresholds,
+                         EndpointComparison* out) {
   PromptComparison p;
   p.index = index;
   p.tokens_a = static_cast<int64_t>(a.size());
   p.tokens_b = static_cast<int64_t>(b.size());
+  if (top_logprobs > 0) {
+    for (const auto* side : {&a, &b}) {
+      for (size_t i = 0; i < side->size() && p.error.empty(); ++i)
+        if ((*side)[i].top.empty())
+          p.error = std::string(side == &a ? "A" : "B") + " returned no top_logprobs at position " +
+                    std::to_string(i) + " (asked for " + std::to_string(top_logprobs) + ")";
+    }
+  }
+  if (!p.error.empty()) {
+    p.result.pass = false;
+    ++out->errors;
+    if (out->reason.empty()) out->reason = "prompt " + std::to_string(index) + ": " + p.error;
+    out->prompts.push_back(std::move(p));
+    return;
+  }
   p.result = CompareSequences(a, b, thresholds);
+  if (p.result.divergence >= 0 && static_cast<size_t>(p.result.divergence) < a.size()) {
+    const TokenStep& at = a[static_cast<size_t>(p.result.divergence)];
+    if (auto it = at.top.find(p.result.token_b); it != at.top.end())
+      p.divergence_margin_a = at.logprob - it->second;
+  }
   if (!p.result.pass) {
     ++out->failed;
     if (out->reason.empty())
@@ -253,8 +274,8 @@ EndpointComparison CompareEndpoints(const EndpointSide& a, const EndpointSide& b
       if (out.reason.empty()) out.reason = "prompt " + std::to_string(i) + ": " + p.error;
       out.prompts.push_back(std::move(p));
     } else {
-      AddPromptComparison(i, std::move(steps_a).value(), std::move(steps_b).value(), thresholds,
-                          &out);
+      AddPromptComparison(i, std::move(steps_a).value(), std::move(steps_b).value(),
+                          options.top_logprobs, thresholds, &out);
     }
     if (progress) progress(i + 1, total);
   }
@@ -280,6 +301,8 @@ std::string EndpointComparisonJson(const EndpointSide& a, const EndpointSide& b,
     item["tokens_a"] = p.tokens_a;
     item["tokens_b"] = p.tokens_b;
     item.update(StepJson(p.result));
+    item["divergence_margin_a"] =
+        p.divergence_margin_a >= 0 ? Json(p.divergence_margin_a) : Json(nullptr);
     item["verdict"] = p.result.pass ? "pass" : "fail";
     item["reason"] = p.result.reason;
     prompts.push_back(item);

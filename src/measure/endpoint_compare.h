@@ -74,6 +74,9 @@ struct PromptComparison {
   std::string error;  // a request/parse failure of either side; the comparison is then empty
   int64_t tokens_a = 0, tokens_b = 0;
   SequenceComparison result;
+  // At a divergence where B's token is in A's top-k: A's logprob of its own token minus A's
+  // logprob of B's token (the near-tie test's left side); -1 otherwise.
+  double divergence_margin_a = -1;
 };
 
 struct EndpointComparison {
@@ -91,9 +94,12 @@ EndpointComparison CompareEndpoints(const EndpointSide& a, const EndpointSide& b
                                     const std::function<void(int, int)>& progress = nullptr);
 
 // Adds the comparison of prompt `index` to `out` (counts and the overall reason included). Used by
-// CompareEndpoints; public so the report logic can be tested without a server.
+// CompareEndpoints; public so the report logic can be tested without a server. A side with an
+// empty top-k at some position while `top_logprobs` > 0 was asked for makes the prompt an error:
+// its logprobs cannot be compared.
 void AddPromptComparison(int index, std::vector<TokenStep> a, std::vector<TokenStep> b,
-                         const CompareThresholds& thresholds, EndpointComparison* out);
+                         int top_logprobs, const CompareThresholds& thresholds,
+                         EndpointComparison* out);
 
 // The JSON report: thresholds, per-prompt results, overall verdict.
 std::string EndpointComparisonJson(const EndpointSide& a, const EndpointSide& b,

@@ -162,7 +162,8 @@ check_json "$work/swap.json" '
 r["verdict"] == "fail" and r["reason"].startswith("prompt 2: greedy divergence at position 2")
 and [p["verdict"] for p in r["prompts"]] == ["pass", "pass", "fail"]
 and r["prompts"][2]["first_divergence"] == 2 and r["prompts"][2]["compared_positions"] == 2
-and r["prompts"][2]["b_token_in_a_top"] and not r["prompts"][2]["near_tie"]'
+and r["prompts"][2]["b_token_in_a_top"] and not r["prompts"][2]["near_tie"]
+and r["prompts"][2]["divergence_margin_a"] >= 0.01'
 
 echo "== B unreachable: exit 2"
 expect_rc 2 "$dsinfer" compare endpoints --a "${url[a]}" --b "http://127.0.0.1:$(free_port)" \

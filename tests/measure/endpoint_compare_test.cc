@@ -135,10 +135,10 @@ TEST(EndpointCompare, ReportNamesTheFirstFailingPromptAndPosition) {
   };
   const CompareThresholds th;
   EndpointComparison out;
-  AddPromptComparison(0, {step("a", -0.1), step("b", -0.2)}, {step("a", -0.1), step("b", -0.2)}, th,
-                      &out);
-  AddPromptComparison(1, {step("a", -0.1), step("b", -0.2)}, {step("a", -0.1), step("c", -0.2)}, th,
-                      &out);
+  AddPromptComparison(0, {step("a", -0.1), step("b", -0.2)}, {step("a", -0.1), step("b", -0.2)}, 2,
+                      th, &out);
+  AddPromptComparison(1, {step("a", -0.1), step("b", -0.2)}, {step("a", -0.1), step("c", -0.2)}, 2,
+                      th, &out);
   EXPECT_FALSE(out.pass());
   EXPECT_EQ(out.failed, 1);
   EXPECT_EQ(out.reason.rfind("prompt 1: greedy divergence at position 1", 0), 0u) << out.reason;
@@ -147,8 +147,38 @@ TEST(EndpointCompare, ReportNamesTheFirstFailingPromptAndPosition) {
   EXPECT_EQ(report["prompts"][0]["verdict"], "pass");
   EXPECT_EQ(report["prompts"][1]["first_divergence"], 1);
   EXPECT_EQ(report["prompts"][1]["b_token_in_a_top"], false);
+  EXPECT_TRUE(report["prompts"][1]["divergence_margin_a"].is_null());  // B's token not in A's top
   EXPECT_EQ(report["summary"]["compared_positions"], 3);
   EXPECT_NE(EndpointComparisonText(th, out).find("FAIL"), std::string::npos);
+}
+
+TEST(EndpointCompare, SideWithoutTopLogprobsIsAnErrorNotAPass) {
+  TokenStep bare;
+  bare.token = "a";
+  bare.logprob = -0.1;
+  TokenStep full = bare;
+  full.top = {{"a", -0.1}, {"b", -3.0}};
+  EndpointComparison out;
+  AddPromptComparison(4, {full, full}, {full, bare}, 2, {}, &out);
+  EXPECT_EQ(out.errors, 1);
+  EXPECT_FALSE(out.pass());
+  EXPECT_NE(out.reason.find("prompt 4: B returned no top_logprobs at position 1"),
+            std::string::npos)
+      << out.reason;
+}
+
+TEST(Compare, ChosenTokenLogprobIsComparedWhenTopKOmitsIt) {
+  // Neither side lists its chosen token among the alternatives; the chosen logprobs differ by 0.4.
+  TokenStep a, b;
+  a.token = b.token = "t";
+  a.logprob = -0.1;
+  b.logprob = -0.5;
+  a.top = b.top = {{"u", -2.0}};
+  std::vector<TokenStep> sa = {a}, sb = {b};
+  SequenceComparison r = CompareSequences(sa, sb, {});
+  EXPECT_FALSE(r.pass);
+  EXPECT_NEAR(r.max_abs_delta, 0.4, 1e-12);
+  EXPECT_EQ(r.max_delta_position, 0);
 }
 
 }  // namespace
