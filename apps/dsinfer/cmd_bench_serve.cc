@@ -12,6 +12,7 @@
 #include "args.h"
 #include "commands.h"
 #include "measure/load.h"
+#include "measure/plot.h"
 
 namespace dsinfer::cli {
 namespace {
@@ -57,7 +58,7 @@ int RunBenchServe(int argc, char** argv) {
       "[--prompts FILE.jsonl] [--input-len LEN] [--output-len LEN] [--vocab N] "
       "[--concurrency 1,4,16 | --request-rate R] "
       "[--seed S] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
-      "[--output-json FILE] [--csv FILE] [--timeout S]\n"
+      "[--output-json FILE] [--csv FILE] [--plot-dir DIR] [--timeout S]\n"
       "  LEN: N | uniform:LO:HI | normal:MEAN:STD (per request, seeded, clipped to >= 1)\n"
       "  --prompts: one {\"prompt\": ...} or {\"messages\": [...]} per line, optional "
       "\"max_tokens\"";
@@ -65,7 +66,7 @@ int RunBenchServe(int argc, char** argv) {
   if (!args.Parse(argc, argv,
                   {"url", "api-key", "model", "num-prompts", "prompts", "input-len", "output-len",
                    "vocab", "concurrency", "request-rate", "seed", "endpoint", "slo", "output-json",
-                   "csv", "timeout"},
+                   "csv", "plot-dir", "timeout"},
                   {}) ||
       !args.Has("url")) {
     std::fprintf(stderr, "%s\nusage: %s\n", args.error().c_str(), usage);
@@ -151,6 +152,7 @@ int RunBenchServe(int argc, char** argv) {
   }
   const bool tty = ::isatty(STDERR_FILENO) == 1;
   std::string levels_json, csv = measure::CsvHeader();
+  std::vector<measure::LevelFigures> figures;
   int failed_total = 0;
   for (size_t level_index = 0; level_index < levels.size(); ++level_index) {
     const int c = levels[level_index];
@@ -174,6 +176,7 @@ int RunBenchServe(int argc, char** argv) {
     if (!levels_json.empty()) levels_json += ",";
     levels_json += measure::LevelJson(cfg, level);
     csv += measure::LevelCsv(cfg, level);
+    figures.push_back(measure::Figures(cfg, level));
   }
   std::printf("%s", csv.c_str());
   if (args.Has("csv")) std::ofstream(*args.Get("csv")) << csv;
@@ -181,6 +184,15 @@ int RunBenchServe(int argc, char** argv) {
     const std::string config = measure::ConfigJson(cfg, *args.Get("url"), endpoint);
     std::ofstream(*args.Get("output-json"))
         << "{\"config\":" << config << ",\"results\":[" << levels_json << "]}\n";
+  }
+  if (args.Has("plot-dir")) {
+    auto written = measure::WriteServePlots(*args.Get("plot-dir"), figures);
+    if (!written.ok()) {
+      std::fprintf(stderr, "bench serve: %s\n", written.status().ToString().c_str());
+      return 2;
+    }
+    for (const std::string& path : *written)
+      std::fprintf(stderr, "bench serve: wrote %s\n", path.c_str());
   }
   return failed_total == 0 ? 0 : 1;
 }

@@ -265,6 +265,22 @@ Json ServerDeltaJson(const PromSnapshot& delta) {
 
 }  // namespace
 
+LevelFigures Figures(const LoadConfig& cfg, const LevelResult& level) {
+  const Summary s = Summarize(cfg, level);
+  const double dur = level.duration_s > 0 ? level.duration_s : 1e-9;
+  LevelFigures f;
+  f.concurrency = level.concurrency;
+  f.request_rate = cfg.request_rate;
+  f.ttft_ms = s.ttft;
+  f.tpot_ms = s.tpot;
+  f.itl_ms = s.itl;
+  f.e2e_ms = s.e2e;
+  f.request_throughput = s.completed / dur;
+  f.output_token_throughput = static_cast<double>(s.output_tokens) / dur;
+  f.total_token_throughput = static_cast<double>(s.input_tokens + s.output_tokens) / dur;
+  return f;
+}
+
 std::string LevelJson(const LoadConfig& cfg, const LevelResult& level) {
   const Summary s = Summarize(cfg, level);
   const double dur = level.duration_s > 0 ? level.duration_s : 1e-9;

@@ -64,6 +64,15 @@ LevelResult RunLevel(const LoadConfig& cfg, int level, int concurrency,
 // GET /metrics at cfg.url, parsed.
 Result<PromSnapshot> ScrapeMetrics(const LoadConfig& cfg);
 
+// The headline numbers of one level (latencies in ms), for plots.
+struct LevelFigures {
+  int concurrency = 0;
+  double request_rate = 0;
+  LatencyStats ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  double request_throughput = 0, output_token_throughput = 0, total_token_throughput = 0;
+};
+LevelFigures Figures(const LoadConfig& cfg, const LevelResult& level);
+
 // The JSON object of one level: counts, errors by kind, throughputs, ttft/tpot/itl/e2e in ms,
 // goodput. Serialized text (nlohmann stays inside this layer).
 std::string LevelJson(const LoadConfig& cfg, const LevelResult& level);

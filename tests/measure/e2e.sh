@@ -3,7 +3,7 @@
 # JSON report must agree with the server's own /metrics delta over that level, and the synthetic
 # prompts must not hit the prefix cache (check_metrics.py). Then a --prompts file run whose lines
 # repeat must show cache hits (so the no-hits check can fail), and a run with length distributions
-# must report realized mean lengths inside their ranges. 127.0.0.1 only.
+# must report realized mean lengths inside their ranges; --plot-dir PNGs must decode. 127.0.0.1 only.
 # Usage: tests/measure/e2e.sh BUILD_DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,10 +24,31 @@ for _ in $(seq 1 600); do
 done
 report="$build/measure-e2e-report.json"
 "$dsinfer" bench serve --url "http://127.0.0.1:$port" --num-prompts 12 --input-len 32 \
-  --output-len 8 --concurrency 1,4 --seed 1 --output-json "$report" --csv "$build/measure-e2e.csv"
+  --output-len 8 --concurrency 1,4 --seed 1 --output-json "$report" --csv "$build/measure-e2e.csv" \
+  --plot-dir "$build/measure-e2e-plots"
 curl -sf "http://127.0.0.1:$port/metrics" >"$build/measure-e2e-metrics.txt"
 python3 "$here/check_metrics.py" "$report" "$build/measure-e2e-metrics.txt" --no-cache-hits
 
+# The plots must decode with Python's zlib (an independent inflate) to full-size indexed images.
+python3 - "$build/measure-e2e-plots" <<'PY'
+import os, struct, sys, zlib
+for name in ("ttft", "tpot", "itl", "e2e", "throughput"):
+    data = open(os.path.join(sys.argv[1], name + ".png"), "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", name
+    at, idat, size = 8, b"", None
+    while at < len(data):
+        (n,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + n]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[at + 8 + n:at + 12 + n])[0]
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        if kind == b"IDAT":
+            idat += body
+        at += 12 + n
+    width, height = size
+    assert len(zlib.decompress(idat)) == height * (width + 1), name
+print("plots ok")
+PY
 # A prompts file: 2 lines (completions text with max_tokens, chat) for 4 requests per level, so
 # prompts repeat and the prefix cache must hit; the no-hits check has to reject that run.
 prompts="$build/measure-e2e-prompts.jsonl"
