@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
@@ -415,6 +416,385 @@ CheckResult CheckHc(CudaDevice& dev, int hc, int64_t hidden, int64_t tokens, boo
   return r;
 }
 
+// ---- MoE router, grouped MoE GEMM, indexer + top-k, sparse attention ---------------------------
+
+namespace {
+
+// A guarded int32 output (same 4-byte elements as GuardedOutput's floats) starting as kUnwritten
+// so an element the kernel forgot to write is told apart from the -1 padding.
+constexpr int32_t kUnwritten = 0x7eadbeef;
+
+Result<GuardedOutput> MakeIntOutput(CudaDevice& dev, int64_t n) {
+  std::vector<float> init(static_cast<size_t>(n));
+  for (auto& f : init) std::memcpy(&f, &kUnwritten, 4);
+  return GuardedOutput::Make(dev, n, init.data());
+}
+
+std::vector<int32_t> AsInts(const std::vector<float>& v) {
+  std::vector<int32_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * 4);
+  return out;
+}
+
+}  // namespace
+
+CheckResult CheckRouter(CudaDevice& dev, int64_t tokens, int n_experts, int top_k, bool hash,
+                        bool ties, uint32_t seed) {
+  CheckResult r;
+  r.op = std::string("router/") + (hash ? "hash" : "biased-topk") + (ties ? "-ties" : "");
+  r.shape = Shape({{"tokens", tokens}, {"experts", n_experts}, {"k", top_k}});
+  std::mt19937 rng(seed);
+  const int E = n_experts, K = top_k;
+  std::vector<float> logits = RandomFloats(rng, tokens * E, 2.0f);  // [T, E]
+  // Ties: logits on a coarse grid and no bias, so many experts score exactly the same on both
+  // sides (the same float function of the same input) and the lower-id rule decides.
+  if (ties)
+    for (auto& v : logits) v = std::round(v * 2.0f) / 2.0f;
+  std::vector<float> bias = RandomFloats(rng, E, 0.1f);  // [E]
+  if (ties) std::fill(bias.begin(), bias.end(), 0.0f);
+  const int64_t vocab = 97;
+  std::uniform_int_distribution<int32_t> expert_d(0, E - 1), token_d(0, vocab - 1);
+  std::vector<int32_t> tid2eid(static_cast<size_t>(vocab * K));  // [vocab, K]
+  for (auto& e : tid2eid) e = expert_d(rng);
+  std::vector<int32_t> token_ids(static_cast<size_t>(tokens));  // [T]
+  for (auto& t : token_ids) t = token_d(rng);
+  RouterParams p;
+  p.n_experts = E;
+  p.top_k = K;
+  p.route_scale = 2.5f;
+  p.bias = hash ? nullptr : bias.data();
+  p.tid2eid = hash ? tid2eid.data() : nullptr;
+  p.vocab = vocab;
+  std::vector<int32_t> chosen_cpu;
+  std::vector<float> weights_cpu;
+  CHECK_OK_OR_FAIL(RouteTokens(p, logits, token_ids, &chosen_cpu, &weights_cpu));
+  ASSIGN_OR_FAIL(DeviceBuffer dlogits, dev.Upload(logits.data(), logits.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dbias, dev.Upload(bias.data(), bias.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dtable, dev.Upload(tid2eid.data(), tid2eid.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dtokens, dev.Upload(token_ids.data(), token_ids.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput dchosen, MakeIntOutput(dev, tokens * K));
+  ASSIGN_OR_FAIL(GuardedOutput dweights, GuardedOutput::Make(dev, tokens * K, nullptr));
+  CHECK_OK_OR_FAIL(Route(dev, dlogits.as<float>(), tokens, E, K, hash ? nullptr : dbias.as<float>(),
+                         hash ? dtable.as<int32_t>() : nullptr, vocab, dtokens.as<int32_t>(),
+                         p.route_scale, reinterpret_cast<int32_t*>(dchosen.ptr()), dweights.ptr()));
+  std::vector<float> chosen_raw, weights_gpu;
+  CHECK_OK_OR_FAIL(dchosen.Fetch(dev, &chosen_raw));
+  CHECK_OK_OR_FAIL(dweights.Fetch(dev, &weights_gpu));
+  const std::vector<int32_t> chosen_gpu = AsInts(chosen_raw);
+  Comparison cmp;
+  for (int64_t t = 0; t < tokens; ++t) {
+    bool same = true;
+    for (int k = 0; k < K; ++k) {
+      const int32_t a = chosen_cpu[t * K + k], g = chosen_gpu[t * K + k];
+      if (a == g) continue;
+      same = false;
+      // A different pick is accepted only at a near-tie of the CPU's biased scores: the GPU's
+      // expf / log1pf may differ from glibc's by a few ulps (never at an exact tie: ties mode).
+      const bool valid = g >= 0 && g < E;
+      auto biased = [&](int32_t e) {
+        return std::sqrt(RouterSoftplus(logits[t * E + e])) + bias[e];
+      };
+      if (hash || ties || !valid ||
+          std::fabs(biased(a) - biased(g)) > 1e-5 * std::max(std::fabs(biased(a)), 1.0f)) {
+        r.ok = false;
+        r.detail = "token " + std::to_string(t) + " slot " + std::to_string(k) + ": gpu expert " +
+                   std::to_string(g) + " cpu expert " + std::to_string(a);
+        r.budget_share = INFINITY;
+        return r;
+      }
+    }
+    if (!same) continue;  // a near-tie swap: the weights belong to other experts
+    for (int k = 0; k < K; ++k) {
+      const int64_t i = t * K + k;
+      // sqrt(softplus) and a normalisation: a few fp32 ulps; 2e-5 relative is > 100 ulps.
+      cmp.Add("weight", i, weights_gpu[i], weights_cpu[i],
+              kElementwiseRel * std::fabs(weights_cpu[i]) + 1e-7);
+    }
+  }
+  cmp.Finish(&r);
+  return r;
+}
+
+CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int64_t tokens,
+                               int n_experts, int top_k, int64_t rows, int64_t cols,
+                               uint32_t seed) {
+  CheckResult r;
+  r.op = "grouped-matmul/" + FormatName(format, false);
+  r.shape = Shape(
+      {{"tokens", tokens}, {"experts", n_experts}, {"k", top_k}, {"rows", rows}, {"cols", cols}});
+  std::mt19937 rng(seed);
+  std::vector<HostWeight> experts;
+  std::vector<const model::WeightMatrix*> views;
+  for (int e = 0; e < n_experts; ++e)
+    experts.push_back(RandomWeight(rng, format, false, rows, cols));
+  for (const HostWeight& h : experts) views.push_back(&h.view);
+  // Routing: the first 11 slots to expert 0 (more than one tile), the last expert never used,
+  // the rest random.
+  std::uniform_int_distribution<int32_t> expert_d(0, std::max(0, n_experts - 2));
+  std::vector<int32_t> chosen(static_cast<size_t>(tokens * top_k));  // [T, K]
+  for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i < 11 ? 0 : expert_d(rng);
+  ASSIGN_OR_FAIL(RoutedGroups groups, GroupRoutedTokens(chosen, n_experts, top_k));
+  std::vector<float> x = RandomFloats(rng, tokens * cols, 1.0f);  // [T, cols]
+  const int64_t n_rows = static_cast<int64_t>(groups.slots.size());
+  std::vector<float> y_cpu(static_cast<size_t>(n_rows * rows));  // [grouped rows, rows]
+  std::vector<double> sum_abs(y_cpu.size(), 0.0);
+  ThreadPool pool(2);
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  for (int e = 0; e < n_experts; ++e) {
+    const int64_t b = groups.offsets[e], n = groups.offsets[e + 1] - b;
+    if (n == 0) continue;
+    std::vector<float> xe(static_cast<size_t>(n * cols));  // [n, cols] this expert's rows
+    for (int64_t j = 0; j < n; ++j)
+      std::copy_n(x.data() + groups.tokens[b + j] * cols, cols, xe.data() + j * cols);
+    cpu::MatMul(experts[e].view, xe.data(), n, y_cpu.data() + b * rows, pool);
+    for (int64_t o = 0; o < rows; ++o) {
+      cpu::DequantRow(experts[e].view, o, wrow.data());
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < cols; ++k) s += std::fabs(double{xe[j * cols + k]} * wrow[k]);
+        sum_abs[(b + j) * rows + o] = s;
+      }
+    }
+  }
+  ASSIGN_OR_FAIL(DeviceExpertSet set, UploadExperts(dev, views));
+  ASSIGN_OR_FAIL(DeviceBuffer dx, dev.Upload(x.data(), x.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput dy, GuardedOutput::Make(dev, n_rows * rows, nullptr));
+  CHECK_OK_OR_FAIL(GroupedMatMul(dev, set, groups, dx.as<float>(), tokens, dy.ptr()));
+  std::vector<float> y_gpu;
+  CHECK_OK_OR_FAIL(dy.Fetch(dev, &y_gpu));
+  Comparison cmp;
+  for (size_t i = 0; i < y_cpu.size(); ++i)
+    cmp.Add("y", static_cast<int64_t>(i), y_gpu[i], y_cpu[i],
+            kMatMulRelToSumAbs * sum_abs[i] + 1e-30);
+  cmp.Finish(&r);
+  return r;
+}
+
+CheckResult CheckIndexerTopK(CudaDevice& dev, int64_t tokens, int heads, int head_dim, int top_k,
+                             int64_t first_pos, bool round_bf16, bool ties, uint32_t seed) {
+  CheckResult r;
+  r.op = std::string("indexer-topk/") + (round_bf16 ? "bf16" : "f32") + (ties ? "-ties" : "");
+  r.shape = Shape({{"tokens", tokens},
+                   {"heads", heads},
+                   {"head_dim", head_dim},
+                   {"k", top_k},
+                   {"first_pos", first_pos}});
+  std::mt19937 rng(seed);
+  // Query t sits at position first_pos + 5 t and sees (pos + 1) / 4 compressed keys (CSA).
+  std::vector<int32_t> n_vis(static_cast<size_t>(tokens));  // [T]
+  for (int64_t t = 0; t < tokens; ++t) n_vis[t] = static_cast<int32_t>((first_pos + 5 * t + 1) / 4);
+  const int64_t n_keys = *std::max_element(n_vis.begin(), n_vis.end());
+  const int64_t stride = n_keys + 3;  // rows of the score buffer are wider than any n_vis
+  std::vector<float> q = RandomFloats(rng, tokens * heads * head_dim, 1.0f);  // [T, ih, ihd]
+  std::vector<float> keys = RandomFloats(rng, n_keys * head_dim, 1.0f);       // [n_keys, ihd]
+  std::vector<float> w = RandomFloats(rng, tokens * heads, 0.1f);             // [T, ih]
+  if (ties) {  // small integers and w = 1/8: exact sums on both sides, many equal scores
+    for (auto* v : {&q, &keys})
+      for (auto& x : *v) x = std::clamp(std::round(x), -1.0f, 2.0f);
+    for (auto& x : w) x = 0.125f;
+  }
+  // CPU scores, attention.cc's loop.
+  std::vector<float> s_cpu(static_cast<size_t>(tokens * stride), 0.0f);  // [T, stride]
+  std::vector<double> s_scale(s_cpu.size(), 0.0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < n_vis[t]; ++j) {
+      float s = 0.0f;
+      double scale = 0;
+      for (int h = 0; h < heads; ++h) {
+        const float* qh = q.data() + (t * heads + h) * head_dim;
+        const float* kj = keys.data() + j * head_dim;
+        float d = cpu::Dot(qh, kj, head_dim);
+        double abs_dot = 0;
+        for (int i = 0; i < head_dim; ++i) abs_dot += std::fabs(double{qh[i]} * kj[i]);
+        if (round_bf16) d = RoundBf16(d);
+        s += std::max(d, 0.0f) * w[t * heads + h];
+        scale += (abs_dot + std::fabs(d)) * std::fabs(w[t * heads + h]);
+      }
+      s_cpu[t * stride + j] = round_bf16 ? RoundBf16(s) : s;
+      s_scale[t * stride + j] = scale;
+    }
+  ASSIGN_OR_FAIL(DeviceBuffer dq, dev.Upload(q.data(), q.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dk, dev.Upload(keys.data(), keys.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dw, dev.Upload(w.data(), w.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput dscores, GuardedOutput::Make(dev, tokens * stride, nullptr));
+  CHECK_OK_OR_FAIL(IndexerScores(dev, dq.as<float>(), dw.as<float>(), dk.as<float>(), n_keys, n_vis,
+                                 heads, head_dim, stride, round_bf16, dscores.ptr()));
+  ASSIGN_OR_FAIL(GuardedOutput didx, MakeIntOutput(dev, tokens * top_k));
+  CHECK_OK_OR_FAIL(
+      TopK(dev, dscores.ptr(), stride, n_vis, top_k, reinterpret_cast<int32_t*>(didx.ptr())));
+  std::vector<float> s_gpu, idx_raw;
+  CHECK_OK_OR_FAIL(dscores.Fetch(dev, &s_gpu));
+  CHECK_OK_OR_FAIL(didx.Fetch(dev, &idx_raw));
+  const std::vector<int32_t> idx_gpu = AsInts(idx_raw);
+  Comparison cmp;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < stride; ++j) {
+      const int64_t i = t * stride + j;
+      if (j >= n_vis[t]) {  // past the visible keys: must still hold the NaN start pattern
+        uint32_t bits;
+        std::memcpy(&bits, &s_gpu[i], 4);
+        if (bits != 0xffffffffu) {
+          r.detail = "score [" + std::to_string(t) + ", " + std::to_string(j) +
+                     "] past the visible keys was written";
+          r.budget_share = INFINITY;
+          return r;
+        }
+        continue;
+      }
+      // Dots: fp32 summation order (kMatMulRelToSumAbs of sum |q k|); bf16 rounding of a dot or
+      // of the score may land one bf16 ulp apart.
+      const double rel = round_bf16 ? kBf16Ulp : kMatMulRelToSumAbs;
+      cmp.Add("score", i, s_gpu[i], s_cpu[i], rel * s_scale[i] + 1e-30);
+    }
+    // Top-k, exactly: of the GPU's own scores (the selection rule), and in ties mode (exact
+    // scores on both sides) of the CPU's scores too.
+    const int32_t n = n_vis[t];
+    std::vector<float> mine(s_gpu.begin() + t * stride, s_gpu.begin() + t * stride + n);
+    std::vector<int32_t> want = TopKAscending(mine, top_k);
+    if (ties) {
+      std::vector<float> theirs(s_cpu.begin() + t * stride, s_cpu.begin() + t * stride + n);
+      if (TopKAscending(theirs, top_k) != want) {
+        r.detail = "token " + std::to_string(t) + ": exact CPU and GPU scores select differently";
+        r.budget_share = INFINITY;
+        return r;
+      }
+    }
+    want.resize(static_cast<size_t>(top_k), -1);
+    for (int k = 0; k < top_k; ++k)
+      if (idx_gpu[t * top_k + k] != want[k]) {
+        r.detail = "top-k of token " + std::to_string(t) + " slot " + std::to_string(k) + ": gpu " +
+                   std::to_string(idx_gpu[t * top_k + k]) + " want " + std::to_string(want[k]);
+        r.budget_share = INFINITY;
+        return r;
+      }
+  }
+  cmp.Finish(&r);
+  return r;
+}
+
+CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int head_dim,
+                                 int window, int ratio, int64_t first_pos, bool round_bf16,
+                                 uint32_t seed) {
+  CheckResult r;
+  r.op = std::string("sparse-attn/") + (round_bf16 ? "bf16" : "f32") + "-r" + std::to_string(ratio);
+  r.shape = Shape({{"tokens", tokens},
+                   {"heads", heads},
+                   {"head_dim", head_dim},
+                   {"window", window},
+                   {"first_pos", first_pos}});
+  std::mt19937 rng(seed);
+  // The step's queries sit at first_pos .. first_pos + tokens - 1; the pool holds the window
+  // positions they need, then every compressed row visible to the last query.
+  std::vector<int64_t> pos(static_cast<size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) pos[t] = first_pos + t;
+  SparseRowSpec spec;
+  spec.window = window;
+  spec.ratio = ratio;
+  spec.window_first_pos = std::max<int64_t>(0, first_pos - window + 1);
+  spec.window_rows = first_pos + tokens - spec.window_first_pos;
+  spec.compressed_base = spec.window_rows;
+  spec.compressed_rows = ratio > 0 ? (first_pos + tokens) / ratio : 0;
+  const int64_t pool_rows = spec.window_rows + spec.compressed_rows;
+  // CSA: each query selects up to 64 of its visible rows (random scores, the indexer's rule).
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(tokens));
+  for (int64_t t = 0; t < tokens && ratio == 4; ++t)
+    selected[t] = TopKAscending(RandomFloats(rng, (pos[t] + 1) / 4, 1.0f), 64);
+  ASSIGN_OR_FAIL(SparseRowLists lists,
+                 BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
+  std::vector<float> q = RandomFloats(rng, tokens * heads * head_dim, 1.0f);  // [T, H, hd]
+  std::vector<float> kv = RandomFloats(rng, pool_rows * head_dim, 1.0f);      // [pool, hd]
+  std::vector<float> sink = RandomFloats(rng, heads, 1.0f);                   // [H]
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // CPU: attention.cc's per-(token, head) loop.
+  std::vector<float> o_cpu(q.size());     // [T, H, hd]
+  std::vector<double> o_scale(q.size());  // sum_j p_j |v_j,i| / denom
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h) {
+      const float* qh = q.data() + (t * heads + h) * head_dim;
+      const int32_t b = lists.offsets[t], n = lists.offsets[t + 1] - b;
+      std::vector<float> logits(static_cast<size_t>(n));
+      float mx = sink[h];
+      for (int32_t j = 0; j < n; ++j) {
+        logits[j] =
+            cpu::Dot(qh, kv.data() + int64_t{lists.rows[b + j]} * head_dim, head_dim) * scale;
+        mx = std::max(mx, logits[j]);
+      }
+      float denom = std::exp(sink[h] - mx);
+      std::vector<float> acc(static_cast<size_t>(head_dim), 0.0f);
+      std::vector<double> acc_abs(static_cast<size_t>(head_dim), 0.0);
+      for (int32_t j = 0; j < n; ++j) {
+        float p = std::exp(logits[j] - mx);
+        denom += p;
+        float pv = round_bf16 ? RoundBf16(p) : p;
+        const float* v = kv.data() + int64_t{lists.rows[b + j]} * head_dim;
+        for (int i = 0; i < head_dim; ++i) {
+          acc[i] += pv * v[i];
+          acc_abs[i] += std::fabs(double{pv} * v[i]);
+        }
+      }
+      float inv = 1.0f / denom;
+      for (int i = 0; i < head_dim; ++i) {
+        const int64_t at = (t * heads + h) * head_dim + i;
+        o_cpu[at] = round_bf16 ? RoundBf16(acc[i] * inv) : acc[i] * inv;
+        o_scale[at] = acc_abs[i] * inv;
+      }
+    }
+  ASSIGN_OR_FAIL(DeviceBuffer dq, dev.Upload(q.data(), q.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dkv, dev.Upload(kv.data(), kv.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dsink, dev.Upload(sink.data(), sink.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput dout, GuardedOutput::Make(dev, tokens * heads * head_dim, nullptr));
+  CHECK_OK_OR_FAIL(SparseAttention(dev, dq.as<float>(), heads, head_dim, dkv.as<float>(), pool_rows,
+                                   lists, dsink.as<float>(), scale, round_bf16, dout.ptr()));
+  std::vector<float> o_gpu;
+  CHECK_OK_OR_FAIL(dout.Fetch(dev, &o_gpu));
+  Comparison cmp;
+  for (size_t i = 0; i < o_cpu.size(); ++i) {
+    // Logits are O(1) fp32 dots (a few ulps apart), exp is a few ulps: 2e-5 of the output's
+    // scale is ample. bf16: a probability or the output may round one bf16 ulp apart.
+    const double budget =
+        round_bf16 ? kBf16Ulp * (o_scale[i] + std::fabs(o_cpu[i])) : kElementwiseRel * o_scale[i];
+    cmp.Add("o", static_cast<int64_t>(i), o_gpu[i], o_cpu[i], budget + 1e-7);
+  }
+  cmp.Finish(&r);
+  return r;
+}
+
+namespace {
+
+// The V4-specific ops' grid (router, grouped MoE GEMM, indexer + top-k, sparse attention).
+void AppendV4OpConformance(CudaDevice& dev, uint32_t* seed, std::vector<CheckResult>* out) {
+  using F = model::WeightFormat;
+  // Router: one token, a ragged batch, V4's 256 experts top-6; hash layers; exact ties.
+  for (auto [tokens, experts, k] :
+       {std::tuple<int64_t, int, int>{1, 8, 2}, {7, 256, 6}, {33, 70, 6}})
+    for (bool hash : {false, true})
+      out->push_back(CheckRouter(dev, tokens, experts, k, hash, false, (*seed)++));
+  out->push_back(CheckRouter(dev, 19, 256, 6, false, true, (*seed)++));
+  // Grouped MoE GEMM: every routed format, rows/cols off the 8-row and 128-col blocks.
+  for (F format : {F::kFp4Packed, F::kFp8Block, F::kBF16}) {
+    out->push_back(CheckGroupedMatMul(dev, format, 1, 4, 6, 70, 160, (*seed)++));
+    out->push_back(CheckGroupedMatMul(dev, format, 9, 6, 3, 129, 96, (*seed)++));
+    out->push_back(CheckGroupedMatMul(dev, format, 5, 16, 6, 256, 512, (*seed)++));
+  }
+  // Indexer + top-k: every query sees fewer keys than k; some do; long context; exact ties.
+  for (bool round : {false, true}) {
+    out->push_back(CheckIndexerTopK(dev, 3, 4, 32, 16, 0, round, false, (*seed)++));
+    out->push_back(CheckIndexerTopK(dev, 6, 8, 72, 16, 50, round, false, (*seed)++));
+    out->push_back(CheckIndexerTopK(dev, 2, 4, 128, 512, 65536, round, false, (*seed)++));
+  }
+  out->push_back(CheckIndexerTopK(dev, 5, 4, 64, 24, 300, false, true, (*seed)++));
+  // Sparse attention with sink: first token; CSA with selected rows; HCA; a long context.
+  for (bool round : {false, true}) {
+    out->push_back(CheckSparseAttention(dev, 1, 4, 64, 8, 0, 0, round, (*seed)++));
+    out->push_back(CheckSparseAttention(dev, 5, 3, 72, 16, 4, 37, round, (*seed)++));
+    out->push_back(CheckSparseAttention(dev, 3, 2, 512, 128, 128, 1000, round, (*seed)++));
+    out->push_back(CheckSparseAttention(dev, 1, 2, 128, 128, 4, 100000, round, (*seed)++));
+    out->push_back(CheckSparseAttention(dev, 2, 2, 64, 128, 128, 65535, round, (*seed)++));
+  }
+}
+
+}  // namespace
+
 std::vector<CheckResult> RunConformance(CudaDevice& dev) {
   std::vector<CheckResult> out;
   uint32_t seed = 1;
@@ -451,6 +831,7 @@ std::vector<CheckResult> RunConformance(CudaDevice& dev) {
     for (auto [hidden, tokens] : {std::pair<int64_t, int64_t>{256, 1}, {1000, 3}, {4096, 9}})
       out.push_back(CheckHc(dev, 4, hidden, tokens, round, seed++));
   }
+  AppendV4OpConformance(dev, &seed, &out);
   return out;
 }
 

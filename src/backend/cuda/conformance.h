@@ -49,6 +49,21 @@ CheckResult CheckRope(CudaDevice& dev, int64_t rows, int rope_dim, bool compress
 CheckResult CheckHc(CudaDevice& dev, int hc, int64_t hidden, int64_t tokens, bool round_bf16,
                     uint32_t seed);
 
+// Router: the GPU router vs the CPU backend's selection rule (routing.h RouteTokens, moe.cc's
+// semantics); hash routing, biased top-k, and exact ties (ties -> lower id).
+CheckResult CheckRouter(CudaDevice& dev, int64_t tokens, int n_experts, int top_k, bool hash,
+                        bool ties, uint32_t seed);
+// Grouped MoE GEMM over routed tokens vs cpu::MatMul per expert on the gathered rows.
+CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int64_t tokens,
+                               int n_experts, int top_k, int64_t rows, int64_t cols, uint32_t seed);
+// Indexer scores vs attention.cc's loop (cpu::Dot), then the GPU top-k vs the top-k rule.
+CheckResult CheckIndexerTopK(CudaDevice& dev, int64_t tokens, int heads, int head_dim, int top_k,
+                             int64_t first_pos, bool round_bf16, bool ties, uint32_t seed);
+// Sparse attention with sink over window + compressed rows vs attention.cc's loop.
+CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int head_dim,
+                                 int window, int ratio, int64_t first_pos, bool round_bf16,
+                                 uint32_t seed);
+
 // The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
 // what `dsinfer doctor` runs. A few seconds on any supported GPU.
 std::vector<CheckResult> RunConformance(CudaDevice& dev);

@@ -2,6 +2,7 @@
 // exactly (e4m3, e2m1, e8m0 are exact in fp32) and compute in fp32, rounding with explicit _rn
 // intrinsics where the CPU oracle (backend/cpu) multiplies and adds separately, so the GPU
 // differs from the CPU only by summation order. Tensor-core paths are later work (paths.h).
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
@@ -303,6 +304,278 @@ __global__ void ReadProbeKernel(const float4* x, int64_t n4, float* out) {
   if (threadIdx.x == 0) atomicAdd(out, s);
 }
 
+// ---- MoE router (spec §6) ----------------------------------------------------------------------
+constexpr int kRouterThreads = 256;
+
+// (va, ia) ranks before (vb, ib): larger value first, ties to the lower index.
+__device__ __forceinline__ bool RanksBefore(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// One block per token. Dynamic shared memory: scores [E] f32, biased [E] f32, taken [E] int.
+// Scores are sqrt(softplus(logit)) as moe.cc; selection is the hash table's row or K rounds of a
+// block-wide arg-best over the untaken experts (the same order std::partial_sort gives with the
+// CPU's comparator); weights from the unbiased scores, summed in slot order.
+__global__ void __launch_bounds__(kRouterThreads)
+    RouterKernel(const float* logits, int E, int K, const float* bias, const int32_t* tid2eid,
+                 int64_t vocab, const int32_t* token_ids, float route_scale, int32_t* chosen,
+                 float* weights) {
+  extern __shared__ float router_smem[];
+  float* s = router_smem;
+  float* biased = router_smem + E;
+  int* taken = reinterpret_cast<int*>(router_smem + 2 * E);
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  __shared__ int sel[kRouterMaxK];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = blockDim.x >> 5;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float x = logits[t * E + e];
+    s[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+    biased[e] = bias != nullptr ? __fadd_rn(s[e], bias[e]) : 0.0f;
+    taken[e] = 0;
+  }
+  __syncthreads();
+  if (tid2eid != nullptr) {
+    if (threadIdx.x == 0) {
+      const int64_t tok = token_ids[t];
+      for (int k = 0; k < K; ++k) {
+        int e = (tok >= 0 && tok < vocab) ? tid2eid[tok * K + k] : -1;
+        sel[k] = (e >= 0 && e < E) ? e : -1;  // -1: rejected by the host-side grouping
+      }
+    }
+  } else {
+    for (int k = 0; k < K; ++k) {
+      float bv = -INFINITY;
+      int bi = INT_MAX;
+      for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (!taken[e] && RanksBefore(biased[e], e, bv, bi)) bv = biased[e], bi = e;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (RanksBefore(ov, oi, bv, bi)) bv = ov, bi = oi;
+      }
+      if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < n_warps; ++w)
+          if (RanksBefore(best_v[w], best_i[w], bv, bi)) bv = best_v[w], bi = best_i[w];
+        // bi stays INT_MAX only when every untaken biased score is NaN.
+        sel[k] = bi < E ? bi : -1;
+        if (bi < E) taken[bi] = 1;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum = __fadd_rn(sum, sel[k] >= 0 ? s[sel[k]] : 0.0f);
+    for (int k = 0; k < K; ++k) {
+      chosen[t * K + k] = sel[k];
+      weights[t * K + k] = sel[k] >= 0 ? __fmul_rn(__fdiv_rn(s[sel[k]], sum), route_scale) : 0.0f;
+    }
+  }
+}
+
+// ---- grouped MoE GEMM -------------------------------------------------------------------------
+// grid.x: tiles (expert, begin, count <= kGroupedTileRows grouped rows); grid.y: blocks of 8
+// weight rows, one warp per row. Each weight row of the tile's expert is read once for all of
+// the tile's rows (the GEMV kernel's scheme, per expert). y[j, r] for grouped row j reads x row
+// row_token[j].
+template <Format F>
+__global__ void __launch_bounds__(256)
+    GroupedMatMulKernel(const DeviceWeightView* experts, const int32_t* tiles,
+                        const int32_t* row_token, const float* x, int64_t rows, int64_t cols,
+                        float* y) {
+  const int32_t expert = tiles[3 * blockIdx.x], begin = tiles[3 * blockIdx.x + 1],
+                count = tiles[3 * blockIdx.x + 2];
+  const DeviceWeightView w = experts[expert];
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;  // whole warps: r depends on the warp only
+  int64_t xrow[kGroupedTileRows];
+#pragma unroll
+  for (int j = 0; j < kGroupedTileRows; ++j)
+    xrow[j] = j < count ? static_cast<int64_t>(row_token[begin + j]) * cols : 0;
+  float acc[kGroupedTileRows] = {};
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float wv = LoadW<F>(w, r, c);
+#pragma unroll
+    for (int j = 0; j < kGroupedTileRows; ++j)
+      if (j < count) acc[j] = fmaf(wv, x[xrow[j] + c], acc[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kGroupedTileRows; ++j) {
+    if (j >= count) break;  // count is the same for the whole block
+    const float sum = WarpSum(acc[j]);
+    if (lane == 0) y[static_cast<int64_t>(begin + j) * rows + r] = sum;
+  }
+}
+
+// ---- indexer scores and top-k (spec §5.4) ------------------------------------------------------
+// grid (key blocks of 8, tokens), one warp per key j < n_vis[t]:
+// score = sum_h relu(round?(q[t,h] . k[j])) * w[t,h], heads in order as attention.cc.
+__global__ void __launch_bounds__(256)
+    IndexerScoresKernel(const float* q, const float* w, const float* keys, const int32_t* n_vis,
+                        int heads, int head_dim, int64_t stride, bool round_bf16, float* scores) {
+  const int64_t t = blockIdx.y;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (j >= n_vis[t]) return;
+  const float* kj = keys + j * head_dim;
+  float s = 0.0f;
+  for (int h = 0; h < heads; ++h) {
+    const float* qh = q + (t * heads + h) * head_dim;
+    float d = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) d = fmaf(qh[i], kj[i], d);
+    d = WarpSum(d);
+    if (round_bf16) d = RoundBf16(d);
+    s = __fadd_rn(s, __fmul_rn(fmaxf(d, 0.0f), w[t * heads + h]));
+  }
+  if (lane == 0) scores[t * stride + j] = round_bf16 ? RoundBf16(s) : s;
+}
+
+// A total order on floats as unsigned keys (larger float -> larger key); -0 is +0, as the CPU's
+// float comparison treats them as equal.
+__device__ __forceinline__ uint32_t OrderedKey(float f) {
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t u = static_cast<uint32_t>(__float_as_int(f));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ int BlockSumInt(int v) {
+  __shared__ int partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();  // `partial` may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  int total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += partial[w];
+  return total;
+}
+
+// Exclusive prefix count of `flag` over the block in thread order; *total: the block's count.
+__device__ int BlockExclusiveCount(bool flag, int* total) {
+  __shared__ int warp_counts[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  const int in_warp = __popc(ballot & ((1u << lane) - 1u));
+  __syncthreads();  // `warp_counts` may still be read by a previous call
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    if (w < warp) before += warp_counts[w];
+    all += warp_counts[w];
+  }
+  *total = all;
+  return before + in_warp;
+}
+
+// One block per token: the k largest of scores[t, 0..n[t]) (ties -> lower index), written
+// ascending to idx[t, 0..min(n, k)), the rest -1. The k-th largest key is found exactly by a
+// bitwise search (32 block-wide counts), then one ordered compaction takes every key above it
+// and the lowest-index keys equal to it.
+__global__ void __launch_bounds__(256)
+    TopKKernel(const float* scores, int64_t stride, const int32_t* n, int k, int32_t* idx) {
+  const int64_t t = blockIdx.x;
+  const float* s = scores + t * stride;
+  int32_t* out = idx + t * k;
+  const int count = n[t];
+  if (count <= k) {
+    for (int j = threadIdx.x; j < k; j += blockDim.x) out[j] = j < count ? j : -1;
+    return;
+  }
+  uint32_t kth = 0;
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t cand = kth | (1u << bit);
+    int c = 0;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) c += OrderedKey(s[j]) >= cand ? 1 : 0;
+    if (BlockSumInt(c) >= k) kth = cand;  // every thread sees the same total
+  }
+  int above = 0;
+  for (int j = threadIdx.x; j < count; j += blockDim.x) above += OrderedKey(s[j]) > kth ? 1 : 0;
+  const int need_equal = k - BlockSumInt(above);
+  int written = 0, equal_seen = 0;
+  for (int base = 0; base < count; base += blockDim.x) {
+    const int j = base + static_cast<int>(threadIdx.x);
+    const uint32_t key = j < count ? OrderedKey(s[j]) : 0u;
+    const bool is_equal = j < count && key == kth;
+    int n_equal = 0, n_take = 0;
+    const int equal_rank = equal_seen + BlockExclusiveCount(is_equal, &n_equal);
+    const bool take = (j < count && key > kth) || (is_equal && equal_rank < need_equal);
+    const int at = written + BlockExclusiveCount(take, &n_take);
+    if (take) out[at] = j;
+    written += n_take;
+    equal_seen += n_equal;
+  }
+}
+
+// ---- sparse attention with sink (spec §5.6) ----------------------------------------------------
+__device__ float BlockMax(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // `partial` may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = partial[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, partial[w]);
+  return m;
+}
+
+// One block per (token t, head h). Rows of the KV pool attended to: rows[offsets[t] ..
+// offsets[t+1]). probs: scratch [heads, offsets[T]] holding the logits, then the (bf16-rounded
+// where the reference rounds) probabilities. out = sum_j p_j v_j / (sum_j p_j + exp(sink - max)),
+// as attention.cc (K = V = the pool row; no de-rotation here: that is the RoPE op's).
+__global__ void __launch_bounds__(kAttnThreads)
+    SparseAttentionKernel(const float* q, int heads, int head_dim, const float* kv,
+                          const int32_t* offsets, const int32_t* rows, int64_t total_rows,
+                          const float* sink, float scale, bool round_bf16, float* probs,
+                          float* out) {
+  const int64_t t = blockIdx.x / heads;
+  const int h = static_cast<int>(blockIdx.x % heads);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_warps = blockDim.x >> 5;
+  const float* qh = q + (t * heads + h) * head_dim;
+  const int32_t begin = offsets[t];
+  const int32_t n = offsets[t + 1] - begin;
+  const int32_t* my_rows = rows + begin;
+  float* p = probs + static_cast<int64_t>(h) * total_rows + begin;
+  for (int32_t j = warp; j < n; j += n_warps) {
+    const float* kr = kv + static_cast<int64_t>(my_rows[j]) * head_dim;
+    float d = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) d = fmaf(qh[i], kr[i], d);
+    d = WarpSum(d);
+    if (lane == 0) p[j] = __fmul_rn(d, scale);
+  }
+  __syncthreads();  // logits (global) visible to the whole block
+  const float sink_h = sink[h];
+  float mx = sink_h;
+  for (int32_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  mx = BlockMax(mx);
+  float denom = 0.0f;
+  for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float e = expf(__fsub_rn(p[j], mx));
+    denom += e;
+    p[j] = round_bf16 ? RoundBf16(e) : e;  // P is cast to bf16 before P.V
+  }
+  denom = __fadd_rn(BlockSum(denom), expf(__fsub_rn(sink_h, mx)));
+  __syncthreads();  // probabilities visible to the whole block
+  const float inv = 1.0f / denom;
+  float* oh = out + (t * heads + h) * head_dim;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int32_t j = 0; j < n; ++j)
+      acc = fmaf(p[j], kv[static_cast<int64_t>(my_rows[j]) * head_dim + i], acc);
+    const float o = __fmul_rn(acc, inv);
+    oh[i] = round_bf16 ? RoundBf16(o) : o;
+  }
+}
+
 }  // namespace
 
 cudaError_t ProbeKernelImageOnCurrentDevice() {
@@ -369,6 +642,78 @@ cudaError_t LaunchHcPost(const HcShape& s, const float* mix, const float* a, flo
 
 cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t stream) {
   ReadProbeKernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const float4*>(x), n / 4, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRouter(const float* logits, int64_t tokens, int n_experts, int top_k,
+                         const float* bias, const int32_t* tid2eid, int64_t vocab,
+                         const int32_t* token_ids, float route_scale, int32_t* chosen,
+                         float* weights, cudaStream_t stream) {
+  if (n_experts < 1 || top_k < 1 || top_k > kRouterMaxK || top_k > n_experts ||
+      n_experts > kRouterMaxExperts || (bias == nullptr && tid2eid == nullptr))
+    return cudaErrorInvalidValue;
+  if (tokens <= 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(n_experts) * 12;
+  RouterKernel<<<static_cast<unsigned>(tokens), kRouterThreads, smem, stream>>>(
+      logits, n_experts, top_k, bias, tid2eid, vocab, token_ids, route_scale, chosen, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGroupedMatMul(DeviceWeightView::Format format, const DeviceWeightView* experts,
+                                const int32_t* tiles, int64_t n_tiles, const int32_t* row_token,
+                                const float* x, int64_t rows, int64_t cols, float* y,
+                                cudaStream_t stream) {
+  if (n_tiles <= 0 || rows <= 0) return cudaSuccess;
+  if (n_tiles > INT32_MAX || (rows + 7) / 8 > 65535) return cudaErrorInvalidValue;
+  dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((rows + 7) / 8));
+  switch (format) {
+    case Format::kF32:
+      GroupedMatMulKernel<Format::kF32>
+          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      break;
+    case Format::kBF16:
+      GroupedMatMulKernel<Format::kBF16>
+          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      break;
+    case Format::kFp8Block:
+      GroupedMatMulKernel<Format::kFp8Block>
+          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      break;
+    case Format::kFp4Packed:
+      GroupedMatMulKernel<Format::kFp4Packed>
+          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchIndexerScores(const float* q, const float* w, const float* keys,
+                                const int32_t* n_vis, int64_t tokens, int heads, int head_dim,
+                                int64_t max_keys, bool round_bf16, float* scores,
+                                cudaStream_t stream) {
+  if (tokens <= 0 || max_keys <= 0) return cudaSuccess;
+  if (tokens > 65535 || (max_keys + 7) / 8 > INT32_MAX) return cudaErrorInvalidValue;
+  dim3 grid(static_cast<unsigned>((max_keys + 7) / 8), static_cast<unsigned>(tokens));
+  IndexerScoresKernel<<<grid, 256, 0, stream>>>(q, w, keys, n_vis, heads, head_dim, max_keys,
+                                                round_bf16, scores);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTopK(const float* scores, int64_t tokens, int64_t stride, const int32_t* n, int k,
+                       int32_t* idx, cudaStream_t stream) {
+  if (tokens <= 0 || k <= 0) return cudaSuccess;
+  TopKKernel<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(scores, stride, n, k, idx);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSparseAttention(const float* q, int64_t tokens, int heads, int head_dim,
+                                  const float* kv, const int32_t* offsets, const int32_t* rows,
+                                  int64_t total_rows, const float* sink, float scale,
+                                  bool round_bf16, float* probs, float* out, cudaStream_t stream) {
+  if (tokens <= 0 || heads <= 0) return cudaSuccess;
+  if (tokens * heads > INT32_MAX) return cudaErrorInvalidValue;
+  SparseAttentionKernel<<<static_cast<unsigned>(tokens * heads), kAttnThreads, 0, stream>>>(
+      q, heads, head_dim, kv, offsets, rows, total_rows, sink, scale, round_bf16, probs, out);
   return cudaGetLastError();
 }
 

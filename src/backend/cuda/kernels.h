@@ -58,4 +58,49 @@ cudaError_t LaunchHcPost(const HcShape& s, const float* mix, const float* a, flo
 // Performance probes: sum of n floats (reads n*4 bytes; out: [1] f32, accumulated).
 cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t stream);
 
+// ---- MoE, indexer, sparse attention (spec §5.4, §5.6, §6) --------------------------------------
+inline constexpr int kRouterMaxK = 16;
+inline constexpr int kRouterMaxExperts = 4096;  // 12 bytes of shared memory per expert
+// Router of `tokens` tokens from the gate's logits [tokens, n_experts] f32: scores
+// sqrt(softplus(logit)); selection by tid2eid [vocab, top_k] int32 (hash layers; token_ids
+// [tokens] int32) or by top-k of score + bias [n_experts] f32 (ties -> lower id); outputs
+// chosen [tokens, top_k] int32 (-1 for an out-of-range token id or table entry) and weights
+// [tokens, top_k] f32 = score / sum(chosen scores) * route_scale.
+cudaError_t LaunchRouter(const float* logits, int64_t tokens, int n_experts, int top_k,
+                         const float* bias, const int32_t* tid2eid, int64_t vocab,
+                         const int32_t* token_ids, float route_scale, int32_t* chosen,
+                         float* weights, cudaStream_t stream);
+
+// Grouped rows per grouped-GEMM tile (each weight row is read once per tile).
+inline constexpr int kGroupedTileRows = 8;
+// y [grouped rows, rows] f32: grouped row j of tile (expert, begin, count) = x[row_token[j]] *
+// W_expert^T. experts: device array of views (one format, rows x cols each); tiles: device
+// int32 [n_tiles, 3] (expert, begin, count <= kGroupedTileRows); row_token: device int32
+// [grouped rows]; x [*, cols] f32.
+cudaError_t LaunchGroupedMatMul(DeviceWeightView::Format format, const DeviceWeightView* experts,
+                                const int32_t* tiles, int64_t n_tiles, const int32_t* row_token,
+                                const float* x, int64_t rows, int64_t cols, float* y,
+                                cudaStream_t stream);
+
+// Indexer scores: q [tokens, heads, head_dim], w [tokens, heads] (already scaled), keys
+// [*, head_dim] f32; scores [tokens, max_keys] f32, written for j < n_vis[t] (int32 [tokens]).
+cudaError_t LaunchIndexerScores(const float* q, const float* w, const float* keys,
+                                const int32_t* n_vis, int64_t tokens, int heads, int head_dim,
+                                int64_t max_keys, bool round_bf16, float* scores,
+                                cudaStream_t stream);
+
+// Per token t: the k largest of scores[t * stride + (0 .. n[t])) with ties to the lower index,
+// ascending, into idx [tokens, k] int32 (-1 past min(n[t], k)).
+cudaError_t LaunchTopK(const float* scores, int64_t tokens, int64_t stride, const int32_t* n, int k,
+                       int32_t* idx, cudaStream_t stream);
+
+// Sparse attention with sink: q [tokens, heads, head_dim], kv pool [*, head_dim] f32, per-token
+// row lists offsets [tokens + 1] / rows [offsets[tokens]] int32, sink [heads] f32; probs scratch
+// [heads, total_rows = offsets[tokens]] f32; out [tokens, heads, head_dim] f32.
+inline constexpr int kAttnThreads = 128;
+cudaError_t LaunchSparseAttention(const float* q, int64_t tokens, int heads, int head_dim,
+                                  const float* kv, const int32_t* offsets, const int32_t* rows,
+                                  int64_t total_rows, const float* sink, float scale,
+                                  bool round_bf16, float* probs, float* out, cudaStream_t stream);
+
 }  // namespace dsinfer::backend::cuda

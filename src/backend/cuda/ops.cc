@@ -1,5 +1,8 @@
 #include "backend/cuda/ops.h"
 
+#include <algorithm>
+#include <string>
+
 namespace dsinfer::backend::cuda {
 
 Result<DeviceWeight> UploadWeight(CudaDevice& dev, const model::WeightMatrix& w) {
@@ -80,6 +83,148 @@ Status HcPost(CudaDevice& dev, const HcShape& s, const float* mix, const float* 
   if (s.hc < 1 || s.hc > 8) return InvalidArgument("HcPost: hc_mult must be 1..8");
   DSINFER_RETURN_IF_ERROR(dev.Activate());
   return CudaStatus(LaunchHcPost(s, mix, a, H, tokens, round_bf16, dev.stream()), "HcPost");
+}
+
+Status Route(CudaDevice& dev, const float* logits, int64_t tokens, int n_experts, int top_k,
+             const float* bias, const int32_t* tid2eid, int64_t vocab, const int32_t* token_ids,
+             float route_scale, int32_t* chosen, float* weights) {
+  if (n_experts < 1 || n_experts > kRouterMaxExperts || top_k < 1 || top_k > kRouterMaxK ||
+      top_k > n_experts)
+    return InvalidArgument("Route: need 1 <= top_k <= min(n_experts, " +
+                           std::to_string(kRouterMaxK) +
+                           ") and n_experts <= " + std::to_string(kRouterMaxExperts) +
+                           ", got K=" + std::to_string(top_k) + " E=" + std::to_string(n_experts));
+  if (bias == nullptr && tid2eid == nullptr)
+    return InvalidArgument("Route: neither a bias (biased top-k) nor a tid2eid table");
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  return CudaStatus(LaunchRouter(logits, tokens, n_experts, top_k, bias, tid2eid, vocab, token_ids,
+                                 route_scale, chosen, weights, dev.stream()),
+                    "Router");
+}
+
+Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
+                                      std::span<const model::WeightMatrix* const> experts) {
+  if (experts.empty()) return InvalidArgument("UploadExperts: no experts");
+  DeviceExpertSet set;
+  std::vector<DeviceWeightView> views;
+  for (const model::WeightMatrix* w : experts) {
+    if (w == nullptr) return InvalidArgument("UploadExperts: a missing expert weight");
+    DSINFER_ASSIGN_OR_RETURN(DeviceWeight d, UploadWeight(dev, *w));
+    if (!views.empty() &&
+        (d.view.format != views[0].format || d.view.rows != views[0].rows ||
+         d.view.cols != views[0].cols || d.view.scales_f32 != views[0].scales_f32))
+      return InvalidArgument("UploadExperts: " + w->name + " differs in format or shape from " +
+                             set.weights[0].name);
+    views.push_back(d.view);
+    set.weights.push_back(std::move(d));
+  }
+  set.format = views[0].format;
+  set.rows = views[0].rows;
+  set.cols = views[0].cols;
+  DSINFER_ASSIGN_OR_RETURN(set.views, dev.Upload(views.data(), views.size() * sizeof(views[0])));
+  return set;
+}
+
+Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                     const float* x, int64_t x_rows, float* y) {
+  const int64_t n_experts = static_cast<int64_t>(experts.weights.size());
+  if (static_cast<int64_t>(groups.offsets.size()) != n_experts + 1)
+    return InvalidArgument("GroupedMatMul: groups are for " +
+                           std::to_string(static_cast<int64_t>(groups.offsets.size()) - 1) +
+                           " experts, the set has " + std::to_string(n_experts));
+  if (groups.tokens.size() != groups.slots.size() ||
+      groups.offsets.back() != static_cast<int32_t>(groups.slots.size()))
+    return InvalidArgument("GroupedMatMul: inconsistent groups");
+  for (int32_t tok : groups.tokens)
+    if (tok < 0 || tok >= x_rows)
+      return InvalidArgument("GroupedMatMul: grouped row reads x row " + std::to_string(tok) +
+                             " of " + std::to_string(x_rows));
+  std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kGroupedTileRows);
+  if (tiles.empty()) return Status::Ok();
+  std::vector<int32_t> packed;  // [n_tiles, 3]
+  for (const ExpertTile& t : tiles) packed.insert(packed.end(), {t.expert, t.begin, t.count});
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtiles, dev.Upload(packed.data(), packed.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok,
+                           dev.Upload(groups.tokens.data(), groups.tokens.size() * 4));
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchGroupedMatMul(experts.format, experts.views.as<const DeviceWeightView>(),
+                          dtiles.as<const int32_t>(), static_cast<int64_t>(tiles.size()),
+                          dtok.as<const int32_t>(), x, experts.rows, experts.cols, y, dev.stream()),
+      "GroupedMatMul"));
+  return dev.Synchronize();
+}
+
+Status IndexerScores(CudaDevice& dev, const float* q, const float* w, const float* keys,
+                     int64_t n_keys, std::span<const int32_t> n_vis, int heads, int head_dim,
+                     int64_t max_keys, bool round_bf16, float* scores) {
+  if (heads < 1 || head_dim < 1) return InvalidArgument("IndexerScores: empty heads");
+  for (int32_t v : n_vis)
+    if (v < 0 || v > max_keys || v > n_keys)
+      return InvalidArgument("IndexerScores: " + std::to_string(v) + " visible keys, but " +
+                             std::to_string(n_keys) + " keys and a row stride of " +
+                             std::to_string(max_keys));
+  if (n_vis.empty()) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev.Upload(n_vis.data(), n_vis.size() * 4));
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchIndexerScores(q, w, keys, dn.as<const int32_t>(), static_cast<int64_t>(n_vis.size()),
+                          heads, head_dim, max_keys, round_bf16, scores, dev.stream()),
+      "IndexerScores"));
+  return dev.Synchronize();
+}
+
+Status TopK(CudaDevice& dev, const float* scores, int64_t stride, std::span<const int32_t> n, int k,
+            int32_t* idx) {
+  if (k < 1) return InvalidArgument("TopK: k must be >= 1");
+  for (int32_t v : n)
+    if (v < 0 || v > stride)
+      return InvalidArgument("TopK: " + std::to_string(v) + " scores in a row of " +
+                             std::to_string(stride));
+  if (n.empty()) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev.Upload(n.data(), n.size() * 4));
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchTopK(scores, static_cast<int64_t>(n.size()), stride,
+                                                dn.as<const int32_t>(), k, idx, dev.stream()),
+                                     "TopK"));
+  return dev.Synchronize();
+}
+
+Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim, const float* kv,
+                       int64_t pool_rows, const SparseRowLists& lists, const float* sink,
+                       float scale, bool round_bf16, float* out) {
+  if (heads < 1 || head_dim < 1) return InvalidArgument("SparseAttention: empty heads");
+  if (lists.offsets.empty() || lists.offsets.front() != 0 ||
+      lists.offsets.back() != static_cast<int32_t>(lists.rows.size()))
+    return InvalidArgument("SparseAttention: malformed row lists");
+  for (size_t t = 0; t + 1 < lists.offsets.size(); ++t)
+    if (lists.offsets[t + 1] < lists.offsets[t])
+      return InvalidArgument("SparseAttention: row list offsets decrease");
+  for (int32_t r : lists.rows)
+    if (r < 0 || r >= pool_rows)
+      return InvalidArgument("SparseAttention: row " + std::to_string(r) + " outside the pool's " +
+                             std::to_string(pool_rows));
+  const int64_t tokens = static_cast<int64_t>(lists.offsets.size()) - 1;
+  if (tokens == 0) return Status::Ok();
+  const int64_t total = static_cast<int64_t>(lists.rows.size());
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer doff,
+                           dev.Upload(lists.offsets.data(), lists.offsets.size() * 4));
+  // An empty list still needs a valid pointer; never read past the host vector.
+  DeviceBuffer drows;
+  if (total > 0) {
+    DSINFER_ASSIGN_OR_RETURN(drows, dev.Upload(lists.rows.data(), lists.rows.size() * 4));
+  } else {
+    DSINFER_ASSIGN_OR_RETURN(drows, dev.Alloc(4));
+  }
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer probs,
+                           dev.Alloc(static_cast<size_t>(std::max<int64_t>(1, heads * total)) * 4));
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchSparseAttention(q, tokens, heads, head_dim, kv, doff.as<const int32_t>(),
+                                       drows.as<const int32_t>(), total, sink, scale, round_bf16,
+                                       probs.as<float>(), out, dev.stream()),
+                 "SparseAttention"));
+  return dev.Synchronize();
 }
 
 }  // namespace dsinfer::backend::cuda

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/routing.h"
 #include "model/weights.h"
 
 namespace dsinfer::backend::cuda {
@@ -41,5 +44,47 @@ Status HcPre(CudaDevice& dev, const HcShape& s, const float* fn, const float* ba
              bool round_bf16);
 Status HcPost(CudaDevice& dev, const HcShape& s, const float* mix, const float* a, float* H,
               int64_t tokens, bool round_bf16);
+
+// ---- MoE ----------------------------------------------------------------------------------------
+// Router on the device (kernels.h LaunchRouter). logits [tokens, E], bias [E] or null, tid2eid
+// [vocab, K] int32 or null, token_ids [tokens] int32, chosen [tokens, K] int32, weights
+// [tokens, K] f32: all device pointers.
+Status Route(CudaDevice& dev, const float* logits, int64_t tokens, int n_experts, int top_k,
+             const float* bias, const int32_t* tid2eid, int64_t vocab, const int32_t* token_ids,
+             float route_scale, int32_t* chosen, float* weights);
+
+// The routed experts of one layer (w1, w3 or w2 of every expert: one format, one shape), with
+// a device array of their views for the grouped GEMM.
+struct DeviceExpertSet {
+  std::vector<DeviceWeight> weights;  // [E]
+  DeviceBuffer views;                 // DeviceWeightView [E]
+  DeviceWeightView::Format format = DeviceWeightView::Format::kF32;
+  int64_t rows = 0, cols = 0;
+};
+Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
+                                      std::span<const model::WeightMatrix* const> experts);
+
+// y [groups.slots.size(), experts.rows] (device f32): grouped row j = x[groups.tokens[j]] *
+// W_e^T for the expert e whose range holds j (groups from GroupRoutedTokens on the host).
+// x: device [x_rows, experts.cols]. Synchronizes (its index buffers live until the kernel ends).
+Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                     const float* x, int64_t x_rows, float* y);
+
+// ---- indexer and sparse attention
+// ---------------------------------------------------------------- scores [tokens, max_keys]
+// (device): scores[t, j] for j < n_vis[t] (host list, each <= max_keys and <= n_keys). q [tokens,
+// heads, head_dim], w [tokens, heads], keys [n_keys, head_dim]. Synchronizes.
+Status IndexerScores(CudaDevice& dev, const float* q, const float* w, const float* keys,
+                     int64_t n_keys, std::span<const int32_t> n_vis, int heads, int head_dim,
+                     int64_t max_keys, bool round_bf16, float* scores);
+// idx [tokens, k] (device int32): top-k of each token's first n[t] scores (host list, each
+// <= stride), ties -> lower index, ascending, -1 padded. Synchronizes.
+Status TopK(CudaDevice& dev, const float* scores, int64_t stride, std::span<const int32_t> n, int k,
+            int32_t* idx);
+// out [tokens, heads, head_dim] (device): sparse attention with sink over the row lists (host,
+// every row < pool_rows) of the pool kv [pool_rows, head_dim]. Synchronizes.
+Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim, const float* kv,
+                       int64_t pool_rows, const SparseRowLists& lists, const float* sink,
+                       float scale, bool round_bf16, float* out);
 
 }  // namespace dsinfer::backend::cuda
