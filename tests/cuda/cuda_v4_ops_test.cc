@@ -1,7 +1,7 @@
 // The CUDA backend's V4-specific ops: router, grouped MoE GEMM over routed tokens, indexer
-// scores + top-k, sparse attention with sink. The host-side index logic (routing.h) is tested
-// here on every machine; the device conformance tests (vs the CPU backend, guard bytes around
-// every output) skip with "no CUDA device: <reason>" without a GPU.
+// scores + top-k, sparse attention with sink, compressor pooling. The host-side index logic
+// (routing.h) is tested here on every machine; the device conformance tests (vs the CPU backend,
+// guard bytes around every output) skip with "no CUDA device: <reason>" without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -243,6 +243,17 @@ TEST(CudaSparseAttention, MatchesCpuOverWindowAndCompressedRows) {
           {4, 8, 512, 128, 128, 20000}})
       ExpectPass(CheckSparseAttention(*dev, tokens, heads, dim, window, ratio, first, round,
                                       static_cast<uint32_t>(dim + first)));
+}
+
+TEST(CudaCompressor, PoolingMatchesCpu) {
+  DEVICE_OR_SKIP(dev);
+  for (bool prev : {false, true})
+    for (auto [groups, width] : {std::pair<int64_t, int>{1, 2 * 512}, {7, 2 * 50}, {64, 2 * 128}})
+      ExpectPass(CheckCompressorPool(*dev, groups, 4, width, true, prev,
+                                     static_cast<uint32_t>(groups + width)));
+  for (auto [groups, width] : {std::pair<int64_t, int>{1, 512}, {3, 130}, {16, 512}})
+    ExpectPass(CheckCompressorPool(*dev, groups, 128, width, false, false,
+                                   static_cast<uint32_t>(groups * width)));
 }
 
 }  // namespace

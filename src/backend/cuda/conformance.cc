@@ -759,6 +759,92 @@ CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int
   return r;
 }
 
+CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, int width,
+                                bool overlap, bool with_prev, uint32_t seed) {
+  CheckResult r;
+  r.op = std::string("compressor/") + (overlap ? "csa-overlap" : "hca") +
+         (with_prev ? "-continued" : "-first");
+  r.shape = Shape({{"groups", n_groups}, {"ratio", ratio}, {"width", width}});
+  std::mt19937 rng(seed);
+  const int64_t T = n_groups * ratio;
+  const int d = overlap ? width / 2 : width;
+  std::vector<float> a = RandomFloats(rng, T * width, 1.0f);        // [T, width] wkv x
+  std::vector<float> g = RandomFloats(rng, T * width, 2.0f);        // [T, width] wgate x
+  std::vector<float> ape = RandomFloats(rng, ratio * width, 0.5f);  // [ratio, width]
+  // The CPU compressor state as attention.cc keeps it; a continued sequence starts with a
+  // previous (complete, ape added) group in the first `ratio` slots.
+  std::vector<float> prev_a = RandomFloats(rng, ratio * width, 1.0f);      // [ratio, width]
+  std::vector<float> prev_score = RandomFloats(rng, ratio * width, 2.0f);  // [ratio, width]
+  // Reference: attention.cc's CompressorPush (a private helper there), step for step.
+  const int n_slots = overlap ? 2 * ratio : ratio;
+  std::vector<float> kv_state(static_cast<size_t>(n_slots) * width, 0.0f);
+  std::vector<float> score_state(kv_state.size(), -INFINITY);
+  if (overlap && with_prev) {
+    std::copy(prev_a.begin(), prev_a.end(), kv_state.begin());
+    std::copy(prev_score.begin(), prev_score.end(), score_state.begin());
+  }
+  std::vector<float> rows_cpu(static_cast<size_t>(n_groups * d));  // [groups, d]
+  std::vector<double> rows_scale(rows_cpu.size());                 // weighted mean |a|
+  for (int64_t pos = 0; pos < T; ++pos) {
+    const int slot =
+        overlap ? ratio + static_cast<int>(pos % ratio) : static_cast<int>(pos % ratio);
+    for (int i = 0; i < width; ++i) {
+      kv_state[slot * width + i] = a[pos * width + i];
+      score_state[slot * width + i] = g[pos * width + i] + ape[(pos % ratio) * width + i];
+    }
+    if ((pos + 1) % ratio != 0) continue;
+    const int64_t j = pos / ratio;
+    for (int c = 0; c < d; ++c) {
+      float mx = -INFINITY;
+      auto visit = [&](auto&& fn) {
+        if (overlap) {
+          for (int s = 0; s < ratio; ++s) fn(score_state[s * width + c], kv_state[s * width + c]);
+          for (int s = ratio; s < 2 * ratio; ++s)
+            fn(score_state[s * width + d + c], kv_state[s * width + d + c]);
+        } else {
+          for (int s = 0; s < ratio; ++s) fn(score_state[s * width + c], kv_state[s * width + c]);
+        }
+      };
+      visit([&](float sc, float) { mx = std::max(mx, sc); });
+      float sum = 0.0f, acc = 0.0f;
+      double acc_abs = 0;
+      visit([&](float sc, float kv) {
+        float e = std::exp(sc - mx);
+        sum += e;
+        acc += e * kv;
+        acc_abs += std::fabs(double{e} * kv);
+      });
+      rows_cpu[j * d + c] = acc / sum;
+      rows_scale[j * d + c] = acc_abs / sum;
+    }
+    if (overlap) {
+      std::copy(kv_state.begin() + ratio * width, kv_state.end(), kv_state.begin());
+      std::copy(score_state.begin() + ratio * width, score_state.end(), score_state.begin());
+    }
+    std::fill(score_state.begin() + (overlap ? ratio * width : 0), score_state.end(), -INFINITY);
+    std::fill(kv_state.begin() + (overlap ? ratio * width : 0), kv_state.end(), 0.0f);
+  }
+  ASSIGN_OR_FAIL(DeviceBuffer da, dev.Upload(a.data(), a.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dg, dev.Upload(g.data(), g.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dape, dev.Upload(ape.data(), ape.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dprev_a, dev.Upload(prev_a.data(), prev_a.size() * 4));
+  ASSIGN_OR_FAIL(DeviceBuffer dprev_s, dev.Upload(prev_score.data(), prev_score.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput drows, GuardedOutput::Make(dev, n_groups * d, nullptr));
+  const bool pass_prev = overlap && with_prev;
+  CHECK_OK_OR_FAIL(CompressorPool(dev, da.as<float>(), dg.as<float>(), dape.as<float>(), n_groups,
+                                  ratio, width, overlap, pass_prev ? dprev_a.as<float>() : nullptr,
+                                  pass_prev ? dprev_s.as<float>() : nullptr, drows.ptr()));
+  std::vector<float> rows_gpu;
+  CHECK_OK_OR_FAIL(drows.Fetch(dev, &rows_gpu));
+  Comparison cmp;
+  // A softmax-weighted mean: exp a few ulps apart, fp32 sums of <= 256 terms in the same order.
+  for (size_t i = 0; i < rows_cpu.size(); ++i)
+    cmp.Add("row", static_cast<int64_t>(i), rows_gpu[i], rows_cpu[i],
+            kElementwiseRel * rows_scale[i] + 1e-7);
+  cmp.Finish(&r);
+  return r;
+}
+
 namespace {
 
 // The V4-specific ops' grid (router, grouped MoE GEMM, indexer + top-k, sparse attention).
@@ -783,6 +869,13 @@ void AppendV4OpConformance(CudaDevice& dev, uint32_t* seed, std::vector<CheckRes
     out->push_back(CheckIndexerTopK(dev, 2, 4, 128, 512, 65536, round, false, (*seed)++));
   }
   out->push_back(CheckIndexerTopK(dev, 5, 4, 64, 24, 300, false, true, (*seed)++));
+  // Compressor pooling: CSA overlap (first groups and a continued sequence), HCA, odd widths.
+  for (bool prev : {false, true}) {
+    out->push_back(CheckCompressorPool(dev, 5, 4, 2 * 72, true, prev, (*seed)++));
+    out->push_back(CheckCompressorPool(dev, 3, 4, 2 * 512, true, prev, (*seed)++));
+  }
+  out->push_back(CheckCompressorPool(dev, 2, 128, 100, false, false, (*seed)++));
+  out->push_back(CheckCompressorPool(dev, 1, 128, 512, false, false, (*seed)++));
   // Sparse attention with sink: first token; CSA with selected rows; HCA; a long context.
   for (bool round : {false, true}) {
     out->push_back(CheckSparseAttention(dev, 1, 4, 64, 8, 0, 0, round, (*seed)++));

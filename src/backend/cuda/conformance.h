@@ -64,6 +64,11 @@ CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int
                                  int window, int ratio, int64_t first_pos, bool round_bf16,
                                  uint32_t seed);
 
+// Compressor pooling (CSA overlap / HCA) vs attention.cc's CompressorPush, mirrored step for
+// step (it is private to attention.cc); prev: a continued sequence with a previous group.
+CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, int width,
+                                bool overlap, bool with_prev, uint32_t seed);
+
 // The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
 // what `dsinfer doctor` runs. A few seconds on any supported GPU.
 std::vector<CheckResult> RunConformance(CudaDevice& dev);

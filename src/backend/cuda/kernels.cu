@@ -576,6 +576,61 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// ---- compressor pooling (spec §5.3) ------------------------------------------------------------
+// grid (groups, channel blocks of 128), one thread per output channel c of group j: the softmax
+// over the group's candidates of the gate (g + ape) weighting the projections a, independently
+// per channel, candidates in attention.cc's order (overlap: the previous group's first halves,
+// then the current group's second halves; without a previous group those are -inf and drop out).
+__global__ void __launch_bounds__(128)
+    CompressorPoolKernel(const float* a, const float* g, const float* ape, int ratio, int width,
+                         bool overlap, const float* prev_a, const float* prev_score, float* rows) {
+  const int64_t j = blockIdx.x;
+  const int d = overlap ? width / 2 : width;
+  const int c = static_cast<int>(blockIdx.y) * 128 + static_cast<int>(threadIdx.x);
+  if (c >= d) return;
+  const float* ga = a + j * ratio * width;  // this group's rows [ratio, width]
+  const float* gg = g + j * ratio * width;
+  // Candidate s of the previous group (first half, channel c): (score, kv).
+  auto prev = [&](int s, float* score, float* kv) {
+    if (j > 0) {
+      *score = __fadd_rn(gg[(s - ratio) * width + c], ape[s * width + c]);
+      *kv = ga[(s - ratio) * width + c];
+    } else if (prev_a != nullptr) {
+      *score = prev_score[s * width + c];
+      *kv = prev_a[s * width + c];
+    } else {
+      *score = -INFINITY;
+      *kv = 0.0f;
+    }
+  };
+  const int off = overlap ? d : 0;  // the current group's half
+  float mx = -INFINITY;
+  if (overlap)
+    for (int s = 0; s < ratio; ++s) {
+      float sc, kv;
+      prev(s, &sc, &kv);
+      mx = fmaxf(mx, sc);
+    }
+  for (int s = 0; s < ratio; ++s)
+    mx = fmaxf(mx, __fadd_rn(gg[s * width + off + c], ape[s * width + off + c]));
+  float sum = 0.0f, acc = 0.0f;
+  if (overlap)
+    for (int s = 0; s < ratio; ++s) {
+      float sc, kv;
+      prev(s, &sc, &kv);
+      const float e = expf(__fsub_rn(sc, mx));  // -inf candidates contribute 0
+      sum = __fadd_rn(sum, e);
+      acc = __fadd_rn(acc, __fmul_rn(e, kv));
+    }
+  for (int s = 0; s < ratio; ++s) {
+    const float sc = __fadd_rn(gg[s * width + off + c], ape[s * width + off + c]);
+    const float e = expf(__fsub_rn(sc, mx));
+    sum = __fadd_rn(sum, e);
+    acc = __fadd_rn(acc, __fmul_rn(e, ga[s * width + off + c]));
+  }
+  rows[j * d + c] = __fdiv_rn(acc, sum);
+}
+
 }  // namespace
 
 cudaError_t ProbeKernelImageOnCurrentDevice() {
@@ -714,6 +769,19 @@ cudaError_t LaunchSparseAttention(const float* q, int64_t tokens, int heads, int
   if (tokens * heads > INT32_MAX) return cudaErrorInvalidValue;
   SparseAttentionKernel<<<static_cast<unsigned>(tokens * heads), kAttnThreads, 0, stream>>>(
       q, heads, head_dim, kv, offsets, rows, total_rows, sink, scale, round_bf16, probs, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCompressorPool(const float* a, const float* g, const float* ape, int64_t n_groups,
+                                 int ratio, int width, bool overlap, const float* prev_a,
+                                 const float* prev_score, float* rows, cudaStream_t stream) {
+  if (ratio < 1 || width < 1 || (overlap && width % 2 != 0)) return cudaErrorInvalidValue;
+  if (n_groups <= 0) return cudaSuccess;
+  const int d = overlap ? width / 2 : width;
+  if (n_groups > INT32_MAX || (d + 127) / 128 > 65535) return cudaErrorInvalidValue;
+  dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>((d + 127) / 128));
+  CompressorPoolKernel<<<grid, 128, 0, stream>>>(a, g, ape, ratio, width, overlap, prev_a,
+                                                 prev_score, rows);
   return cudaGetLastError();
 }
 

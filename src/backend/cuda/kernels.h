@@ -60,7 +60,7 @@ cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t 
 
 // ---- MoE, indexer, sparse attention (spec §5.4, §5.6, §6) --------------------------------------
 inline constexpr int kRouterMaxK = 16;
-inline constexpr int kRouterMaxExperts = 4096;  // 12 bytes of shared memory per expert
+inline constexpr int kRouterMaxExperts = 2048;  // 12 bytes of shared memory per expert (24 KiB)
 // Router of `tokens` tokens from the gate's logits [tokens, n_experts] f32: scores
 // sqrt(softplus(logit)); selection by tid2eid [vocab, top_k] int32 (hash layers; token_ids
 // [tokens] int32) or by top-k of score + bias [n_experts] f32 (ties -> lower id); outputs
@@ -102,5 +102,15 @@ cudaError_t LaunchSparseAttention(const float* q, int64_t tokens, int heads, int
                                   const float* kv, const int32_t* offsets, const int32_t* rows,
                                   int64_t total_rows, const float* sink, float scale,
                                   bool round_bf16, float* probs, float* out, cudaStream_t stream);
+
+// Compressor pooling of n_groups complete groups of `ratio` tokens: a, g [n_groups * ratio,
+// width] f32 (projections wkv x and wgate x of the groups' tokens, in order), ape [ratio, width];
+// rows [n_groups, d] with d = overlap ? width / 2 : width. Overlap (CSA): group j's candidates
+// are group j-1's first halves (for j = 0: prev_a / prev_score [ratio, width], the compressor
+// state's previous group with ape already added, or none when null) and group j's second
+// halves. Norm, RoPE and the FP8 round trip that follow are the RmsNorm / Rope ops.
+cudaError_t LaunchCompressorPool(const float* a, const float* g, const float* ape, int64_t n_groups,
+                                 int ratio, int width, bool overlap, const float* prev_a,
+                                 const float* prev_score, float* rows, cudaStream_t stream);
 
 }  // namespace dsinfer::backend::cuda

@@ -227,4 +227,17 @@ Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim,
   return dev.Synchronize();
 }
 
+Status CompressorPool(CudaDevice& dev, const float* a, const float* g, const float* ape,
+                      int64_t n_groups, int ratio, int width, bool overlap, const float* prev_a,
+                      const float* prev_score, float* rows) {
+  if (ratio < 1 || width < 1 || (overlap && width % 2 != 0))
+    return InvalidArgument("CompressorPool: need ratio >= 1 and width >= 1 (even with overlap)");
+  if ((prev_a == nullptr) != (prev_score == nullptr))
+    return InvalidArgument("CompressorPool: prev_a and prev_score go together");
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  return CudaStatus(LaunchCompressorPool(a, g, ape, n_groups, ratio, width, overlap, prev_a,
+                                         prev_score, rows, dev.stream()),
+                    "CompressorPool");
+}
+
 }  // namespace dsinfer::backend::cuda

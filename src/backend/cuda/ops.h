@@ -87,4 +87,9 @@ Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim,
                        int64_t pool_rows, const SparseRowLists& lists, const float* sink,
                        float scale, bool round_bf16, float* out);
 
+// Compressor pooling (kernels.h LaunchCompressorPool; device pointers, prev_* may be null).
+Status CompressorPool(CudaDevice& dev, const float* a, const float* g, const float* ape,
+                      int64_t n_groups, int ratio, int width, bool overlap, const float* prev_a,
+                      const float* prev_score, float* rows);
+
 }  // namespace dsinfer::backend::cuda
