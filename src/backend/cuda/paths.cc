@@ -19,7 +19,9 @@ KernelPaths PathsFor(int sm_major, int sm_minor) {
   // shared memory and multiplied with fp32 FMA (exact products, fp32 accumulation).
   p.fp8_gemm = "generic dequantizing GEMM (fp32 FMA)";
   p.fp4_experts = "generic FP4 dequantizing GEMM (fp32 FMA)";
-  p.other_ops = "generic fp32 kernels";
+  p.other_ops =
+      "generic fp32 kernels: RMSNorm, RoPE, mHC, router, grouped MoE GEMM, compressor pooling, "
+      "indexer scores + top-k, sparse attention with sink";
   if (sm == 89 || sm_major == 12) p.not_yet_used.push_back("FP8 mma.sync tensor cores");
   if (sm_major == 9) p.not_yet_used.push_back("FP8 wgmma tensor cores (sm_90a)");
   if (sm_major == 10) p.not_yet_used.push_back("tcgen05 FP8/FP4 tensor cores (sm_100a)");
