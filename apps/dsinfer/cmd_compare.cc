@@ -47,6 +47,12 @@ int Usage(const char* usage, const std::string& error = "") {
   return kError;
 }
 
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
 Status WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -272,6 +278,10 @@ int RunCompareLogits(int argc, char** argv) {
       "dsinfer compare logits (--a FILE --b FILE [--tensor logits] | --model DIR --golden FILE "
       "[--numerics fp32-reference|official] [--threads N]) [--max-nmse X] [--max-kl X] "
       "[--require-argmax] [--output-json FILE]";
+  if (WantsHelp(argc, argv)) {
+    std::printf("usage: %s\n", usage);
+    return kPass;
+  }
   Args args;
   if (!args.Parse(argc, argv,
                   {"a", "b", "tensor", "model", "golden", "numerics", "threads", "max-nmse",
@@ -304,6 +314,13 @@ int RunCompareEndpoints(int argc, char** argv) {
       "--seed S [--vocab N]] [--max-tokens N] [--top-logprobs K] [--endpoint completions|chat] "
       "[--ignore-eos] [--max-abs-delta X] [--max-kl X] [--tie-margin X] [--timeout S] "
       "[--output-json FILE]";
+  if (WantsHelp(argc, argv)) {
+    std::printf(
+        "usage: %s\nURL: http://HOST:PORT[/PREFIX], the server root (requests go to "
+        "PREFIX/v1/completions or PREFIX/v1/chat/completions)\n",
+        usage);
+    return kPass;
+  }
   Args args;
   if (!args.Parse(argc, argv, {"a",           "b",
                                "api-key-a",   "api-key-b",
@@ -389,6 +406,10 @@ int RunCompare(int argc, char** argv) {
   const char* usage = "dsinfer compare logits|endpoints [options] (--help for each)";
   if (argc < 2) return Usage(usage);
   const std::string what = argv[1];
+  if (what == "--help" || what == "-h") {
+    std::printf("usage: %s\n", usage);
+    return kPass;
+  }
   if (what == "logits") return RunCompareLogits(argc - 1, argv + 1);
   if (what == "endpoints") return RunCompareEndpoints(argc - 1, argv + 1);
   return Usage(usage, "unknown compare target '" + what + "'");
