@@ -189,8 +189,8 @@ LevelResult RunLevel(const LoadConfig& cfg, int level_index, int concurrency,
     const auto settle_deadline = Clock::now() + std::chrono::seconds(2);
     for (;;) {
       Result<PromSnapshot> after = ScrapeMetrics(cfg);
-      if (!after.ok()) {
-        level.server_metrics_error = after.status().ToString();
+      if (!after.ok()) {  // keep an earlier, shorter-settled delta if there is one
+        if (!level.has_server_delta) level.server_metrics_error = after.status().ToString();
         break;
       }
       level.server_delta = SnapshotDelta(*before, *after);
