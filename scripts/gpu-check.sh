@@ -130,7 +130,8 @@ step() {
 }
 
 dsinfer="$build/apps/dsinfer"
-# Caps sum to 480 s; the model is written in the background while the test suites run.
+# Each cap is an upper bound; the total budget bounds the whole run (a late step gets what is
+# left, or is skipped). The model is written in the background while the test suites run.
 step configure 40 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DDSINFER_WERROR=ON -DDSINFER_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs"
 step build 200 cmake --build "$build" --target dsinfer test_cuda test_backend -j "$(nproc)"
