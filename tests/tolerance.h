@@ -22,4 +22,9 @@ inline constexpr double kGreedyTieMargin = 1e-3;
 // (measured: see docs/NUMERICS.md).
 inline constexpr double kMtpLogitsNmse = 2e-11;
 
+// Kernel unit tests (tests/backend/linear_test.cc): fp32 dot products of exactly representable
+// products differ from the fp64 sum by at most k * u * sum|x_i w_i|, u = 2^-24 (recursive
+// summation bound, Higham 2002 §4.2). Any order of summation obeys it, the AMX tiles' included.
+inline constexpr double kFp32SumUnitRoundoff = 0x1p-24;
+
 }  // namespace dsinfer::tolerance

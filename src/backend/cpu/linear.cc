@@ -9,6 +9,7 @@
 #define DSINFER_X86_AVX2 1
 #endif
 
+#include "backend/cpu/linear_amx.h"
 #include "core/dtype.h"
 
 namespace dsinfer::backend::cpu {
@@ -282,8 +283,11 @@ void DequantRow(const WeightMatrix& w, int64_t r, float* out) {
   }
 }
 
-void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                int64_t m, float* y, ThreadPool& pool) {
+namespace {
+
+// The FP32 kernels: any weight format, any fp32 activations.
+void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                    int64_t m, float* y, ThreadPool& pool) {
   const int64_t n_out = row_end - row_begin;
   const int64_t k = w.cols;
 #ifdef DSINFER_X86_AVX2
@@ -346,6 +350,35 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
         }
       },
       4);
+}
+
+}  // namespace
+
+void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                int64_t m, float* y, ThreadPool& pool) {
+  if (!amx::Available() || !amx::Applies(w)) {
+    MatMulRowsFp32(w, row_begin, row_end, x, m, y, pool);
+    return;
+  }
+  // Token rows holding bf16-exact values (the official numerics) go to the AMX tiles, the others
+  // to the FP32 kernels. The choice is per row, from that row's values alone, so a token's
+  // result never depends on which other tokens share the call.
+  const int64_t k = w.cols, n_out = row_end - row_begin;
+  std::vector<int64_t> exact, other;
+  for (int64_t i = 0; i < m; ++i) (amx::RowIsBf16Exact(x + i * k, k) ? exact : other).push_back(i);
+  if (!exact.empty()) amx::MatMulRows(w, row_begin, row_end, x, exact, y, n_out, pool);
+  if (other.empty()) return;
+  if (exact.empty()) {
+    MatMulRowsFp32(w, row_begin, row_end, x, m, y, pool);
+    return;
+  }
+  std::vector<float> xo(other.size() * k),
+      yo(other.size() * n_out);  // [n_other, k], [n_other, n_out]
+  for (size_t i = 0; i < other.size(); ++i) std::copy_n(x + other[i] * k, k, xo.data() + i * k);
+  MatMulRowsFp32(w, row_begin, row_end, xo.data(), static_cast<int64_t>(other.size()), yo.data(),
+                 pool);
+  for (size_t i = 0; i < other.size(); ++i)
+    std::copy_n(yo.data() + i * n_out, n_out, y + other[i] * n_out);
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {

@@ -1,0 +1,185 @@
+// The CPU matmul kernels (FP32 fused kernels and the AMX tile path) against an fp64 reference
+// over the stored formats, and the batch invariance the runtime relies on: a token's output row
+// is bit-identical whatever other tokens share the call and wherever it sits in the batch.
+#include "backend/cpu/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "../tolerance.h"
+#include "backend/cpu/linear_amx.h"
+#include "core/dtype.h"
+#include "core/quant.h"
+
+namespace dsinfer::backend::cpu {
+namespace {
+
+using model::WeightFormat;
+
+struct TestMatrix {
+  std::vector<uint8_t> data, scales;
+  model::WeightMatrix view;
+};
+
+// Random codes of the given format [rows, cols] with e8m0 scales near 2^-8 (FP8: per 128x128
+// block; FP4: per 1x32). FP8 codes include subnormals and both zeros.
+TestMatrix MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
+  TestMatrix m;
+  std::mt19937 rng(seed);
+  m.view.format = format;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  m.view.scale_dtype = DType::kF8E8M0;
+  m.view.name = "test.weight";
+  std::uniform_int_distribution<int> scale_code(127 - 12, 127 - 4);
+  if (format == WeightFormat::kBF16) {
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    m.data.resize(rows * cols * 2);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint16_t b = F32ToBf16(nd(rng));
+      std::memcpy(m.data.data() + 2 * i, &b, 2);
+    }
+  } else if (format == WeightFormat::kFp8Block) {
+    m.data.resize(rows * cols);
+    for (auto& c : m.data) {
+      c = static_cast<uint8_t>(rng());
+      if ((c & 0x7f) == 0x7f) c &= 0xfe;  // no NaN codes
+    }
+    m.view.block = 128;
+    m.view.scale_cols = (cols + 127) / 128;
+    m.scales.resize(((rows + 127) / 128) * m.view.scale_cols);
+  } else {
+    m.data.resize(rows * cols / 2);
+    for (auto& c : m.data) c = static_cast<uint8_t>(rng());
+    m.view.block = 32;
+    m.view.scale_cols = cols / 32;
+    m.scales.resize(rows * m.view.scale_cols);
+  }
+  for (auto& s : m.scales) s = static_cast<uint8_t>(scale_code(rng));
+  m.view.data = m.data.data();
+  m.view.scales = m.scales.empty() ? nullptr : m.scales.data();
+  return m;
+}
+
+// Token rows [m, k]: the official numerics' FP8 linear inputs (e4m3 codes times power-of-two
+// block scales, bf16-exact) when quantized, else arbitrary fp32.
+std::vector<float> MakeTokens(int64_t m, int64_t k, bool quantized, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(m * k);
+  for (auto& v : x) v = nd(rng);
+  if (quantized)
+    for (int64_t t = 0; t < m; ++t) Fp8RoundTripInPlace(x.data() + t * k, static_cast<int>(k), 128);
+  return x;
+}
+
+// Checks y [m, rows] against fp64 sums over the exactly dequantized weights. Every product is
+// exact in fp32 (both paths), so the only error is fp32 summation: |err| <= k * u * sum|x w|
+// (tolerance::kFp32SumUnitRoundoff, the classic recursive-summation bound).
+void ExpectNearReference(const model::WeightMatrix& w, const std::vector<float>& x, int64_t m,
+                         const std::vector<float>& y) {
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    DequantRow(w, r, row.data());
+    for (int64_t t = 0; t < m; ++t) {
+      double sum = 0, abs_sum = 0;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const double p = static_cast<double>(x[t * w.cols + c]) * row[c];
+        sum += p, abs_sum += std::fabs(p);
+      }
+      const double bound =
+          static_cast<double>(w.cols) * tolerance::kFp32SumUnitRoundoff * abs_sum + 1e-30;
+      ASSERT_LE(std::fabs(y[t * w.rows + r] - sum), bound)
+          << w.name << " row " << r << " token " << t << " k " << w.cols;
+    }
+  }
+}
+
+struct Shape {
+  WeightFormat format;
+  int64_t rows, cols;
+};
+
+const Shape kShapes[] = {
+    {WeightFormat::kFp8Block, 130, 256}, {WeightFormat::kFp8Block, 17, 384},
+    {WeightFormat::kFp8Block, 1, 128},   {WeightFormat::kFp4Packed, 33, 96},
+    {WeightFormat::kFp4Packed, 16, 512}, {WeightFormat::kBF16, 40, 64},
+    {WeightFormat::kBF16, 3, 160},
+};
+
+TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
+  ThreadPool pool(2);
+  uint32_t seed = 1;
+  for (const Shape& s : kShapes)
+    for (bool quantized : {true, false})
+      for (int64_t m : {1, 5, 16, 17, 70}) {
+        TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, seed++);
+        auto x = MakeTokens(m, s.cols, quantized, seed++);
+        std::vector<float> y(m * s.rows);
+        MatMul(w.view, x.data(), m, y.data(), pool);
+        ExpectNearReference(w.view, x, m, y);
+      }
+}
+
+// A token's row must not depend on the call it is in: alone vs. at any position in a batch that
+// mixes bf16-exact (AMX when present) and arbitrary fp32 rows (FP32 kernels).
+TEST(Linear, TokenResultIsIndependentOfTheBatch) {
+  ThreadPool pool(2);
+  for (const Shape& s : kShapes) {
+    TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, 7);
+    const int64_t m = 37;
+    auto xq = MakeTokens(m, s.cols, true, 8);
+    auto xf = MakeTokens(m, s.cols, false, 9);
+    std::vector<float> x(m * s.cols);
+    for (int64_t t = 0; t < m; ++t) {  // every third row arbitrary fp32
+      const auto& src = t % 3 == 1 ? xf : xq;
+      std::copy_n(src.data() + t * s.cols, s.cols, x.data() + t * s.cols);
+    }
+    std::vector<float> batch(m * s.rows), alone(s.rows);
+    MatMul(w.view, x.data(), m, batch.data(), pool);
+    for (int64_t t = 0; t < m; ++t) {
+      MatMul(w.view, x.data() + t * s.cols, 1, alone.data(), pool);
+      for (int64_t r = 0; r < s.rows; ++r)
+        ASSERT_EQ(std::bit_cast<uint32_t>(alone[r]), std::bit_cast<uint32_t>(batch[t * s.rows + r]))
+            << "token " << t << " row " << r << " rows " << s.rows << " cols " << s.cols;
+    }
+    // A row range (the grouped output projection's use) equals the same rows of the full call.
+    std::vector<float> part(m * 5);
+    const int64_t r0 = s.rows > 5 ? s.rows - 5 : 0, r1 = std::min<int64_t>(s.rows, r0 + 5);
+    MatMulRows(w.view, r0, r1, x.data(), m, part.data(), pool);
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t r = r0; r < r1; ++r)
+        ASSERT_EQ(part[t * (r1 - r0) + (r - r0)], batch[t * s.rows + r]);
+  }
+}
+
+TEST(Linear, Bf16ExactnessIsDecidedPerValue) {
+  std::vector<float> x = {0.0f, -0.0f, 1.5f, Bf16ToF32(0x3f81), -448.0f, 0x1p-120f};
+  EXPECT_TRUE(amx::RowIsBf16Exact(x.data(), static_cast<int64_t>(x.size())));
+  const float not_exact[] = {1.0f + 0x1p-10f, std::nanf(""), INFINITY, 0x1p-130f};
+  for (float v : not_exact) EXPECT_FALSE(amx::RowIsBf16Exact(&v, 1)) << v;
+}
+
+TEST(Linear, AmxTilesMatchFp64Reference) {
+  if (!amx::Available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  ThreadPool pool(2);
+  for (const Shape& s : kShapes) {
+    TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, 11);
+    ASSERT_TRUE(amx::Applies(w.view));
+    const int64_t m = 21;
+    auto x = MakeTokens(m, s.cols, true, 12);
+    std::vector<int64_t> tokens(m);
+    for (int64_t t = 0; t < m; ++t) tokens[t] = t;
+    std::vector<float> y(m * s.rows, NAN);
+    amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, y.data(), s.rows, pool);
+    ExpectNearReference(w.view, x, m, y);
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::backend::cpu
