@@ -73,6 +73,14 @@ int64_t PhysicalMemoryBytes() {
   return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
 }
 
+// Resets the kernel's peak-RSS mark to the current RSS (Linux: "5" to clear_refs).
+void ResetPeakResident() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -86,13 +94,16 @@ struct BenchRow {
   double tok_s = 0;
   double step_bytes = 0;  // distinct bytes the median step had to read
   double roofline_tok_s = 0;
+  double share = -1;     // measured / roofline, median of per-step ratios; < 0: tok_s / roofline
+  double read_gbps = 0;  // bandwidth the roofline uses: median of per-step probes; 0: the run's
 };
 
 class ModelBench {
  public:
-  ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, double read_gbps,
-             int repeats, int decode_steps, std::FILE* csv, int threads)
+  ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, ThreadPool& pool,
+             double read_gbps, int repeats, int decode_steps, std::FILE* csv, int threads)
       : cpu_(cpu),
+        pool_(pool),
         read_gbps_(read_gbps),
         repeats_(repeats),
         decode_steps_(decode_steps),
@@ -129,7 +140,7 @@ class ModelBench {
     std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
     for (int i = 0; i < batch; ++i)
       states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
-    std::vector<double> step_s, step_bytes;
+    std::vector<double> step_s, step_bytes, shares, probes;
     std::vector<int32_t> toks(batch);  // [B] one new token per sequence
     std::vector<backend::cpu::ForwardOutput> outs(batch);
     std::vector<backend::cpu::SequenceChunk> chunks(batch);
@@ -138,20 +149,23 @@ class ModelBench {
         toks[i] = token_(rng_);
         chunks[i] = {states[i].get(), std::span<const int32_t>(&toks[i], 1), {}, &outs[i]};
       }
+      const double gbps = ProbeBandwidth();
       auto t0 = std::chrono::steady_clock::now();
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       step_s.push_back(Seconds(t0));
       step_bytes.push_back(StepBytes());
+      shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
+      probes.push_back(gbps);
     }
     Report({"decode", batch, prefilled.n_tokens, batch, batch / Median(step_s), Median(step_bytes),
-            0});
+            0, Median(shares), Median(probes)});
     return true;
   }
 
   // Continuous batching's typical step: B running decodes plus one new request's prefill chunk
   // of `chunk_len` tokens in the same forward. Throughput counts every token of the step.
   bool Mixed(const backend::cpu::SequenceState& prefilled, int batch, int chunk_len) {
-    std::vector<double> step_s, step_bytes;
+    std::vector<double> step_s, step_bytes, shares, probes;
     for (int r = 0; r < repeats_; ++r) {
       std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
       for (int i = 0; i < batch; ++i)
@@ -167,17 +181,35 @@ class ModelBench {
       mid_prompt.want_logits = false;  // a chunk that ends mid-prompt needs no head
       chunks[batch] = {fresh.get(), std::span<const int32_t>(toks.data() + batch, chunk_len),
                        mid_prompt, &outs[batch]};
+      const double gbps = ProbeBandwidth();
       auto t0 = std::chrono::steady_clock::now();
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       step_s.push_back(Seconds(t0));
       step_bytes.push_back(StepBytes());
+      shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
+      probes.push_back(gbps);
     }
     Report({"mixed", batch, prefilled.n_tokens, batch + chunk_len,
-            (batch + chunk_len) / Median(step_s), Median(step_bytes), 0});
+            (batch + chunk_len) / Median(step_s), Median(step_bytes), 0, Median(shares),
+            Median(probes)});
     return true;
   }
 
  private:
+  // A short read-bandwidth probe right before a step: on a shared machine the bandwidth drifts
+  // by 2x within a minute, so each step is set against the bandwidth of its own moment and the
+  // reported share is the median of those per-step ratios. The probe's 256 MiB buffer (twice
+  // the last-level cache of the machines seen) is freed again; the peak-RSS mark is carried
+  // over the probe so the reported peak stays the model's own.
+  double ProbeBandwidth() {
+    peak_rss_ = std::max(peak_rss_, PeakResidentBytes());
+    const double gbps = MeasureMemoryBandwidth(pool_, int64_t{256} << 20, 1).read_gbps;
+    ResetPeakResident();
+    return gbps > 0 ? gbps : read_gbps_;
+  }
+
+  int64_t PeakRss() const { return std::max(peak_rss_, PeakResidentBytes()); }
+
   // The last step's distinct bytes: dense weights once, each routed expert that got a token
   // once, and the sequence state attention read.
   double StepBytes() const {
@@ -188,22 +220,25 @@ class ModelBench {
   // The bandwidth roofline: a step cannot finish before its distinct bytes have been read once,
   // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second.
   void Report(BenchRow row) {
-    double floor_s = row.step_bytes / (read_gbps_ * 1e9);
+    if (row.read_gbps <= 0) row.read_gbps = read_gbps_;
+    double floor_s = row.step_bytes / (row.read_gbps * 1e9);
     row.roofline_tok_s = floor_s > 0 ? row.tokens_per_step / floor_s : 0;
     std::printf("%-7s batch %3d context %6lld: %9.3f tok/s  step reads %8.1f MB  ", row.workload,
                 row.batch, static_cast<long long>(row.context), row.tok_s, row.step_bytes / 1e6);
+    const double share = row.share >= 0           ? row.share
+                         : row.roofline_tok_s > 0 ? row.tok_s / row.roofline_tok_s
+                                                  : 0.0;
     std::printf("roofline %9.3f tok/s  %5.1f%%  peak RSS %.2f GB\n", row.roofline_tok_s,
-                row.roofline_tok_s > 0 ? 100.0 * row.tok_s / row.roofline_tok_s : 0.0,
-                PeakResidentBytes() / 1e9);
+                100.0 * share, PeakRss() / 1e9);
     if (csv_)
       std::fprintf(csv_, "%s,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f,%lld\n", row.workload, row.batch,
-                   static_cast<long long>(row.context), threads_, read_gbps_, row.tok_s,
-                   row.step_bytes, row.roofline_tok_s,
-                   row.roofline_tok_s > 0 ? row.tok_s / row.roofline_tok_s : 0.0,
-                   static_cast<long long>(PeakResidentBytes()));
+                   static_cast<long long>(row.context), threads_, row.read_gbps, row.tok_s,
+                   row.step_bytes, row.roofline_tok_s, share, static_cast<long long>(PeakRss()));
   }
 
   backend::cpu::CpuModel& cpu_;
+  ThreadPool& pool_;
+  int64_t peak_rss_ = 0;  // the peak-RSS mark before the last bandwidth probe reset it
   double read_gbps_;
   int repeats_, decode_steps_;
   std::FILE* csv_;
@@ -305,7 +340,7 @@ int RunBench(int argc, char** argv) {
                  "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,"
                  "ratio,peak_rss_bytes\n");
   }
-  ModelBench bench(**weights, **cpu, bw.read_gbps, static_cast<int>(repeats),
+  ModelBench bench(**weights, **cpu, pool, bw.read_gbps, static_cast<int>(repeats),
                    static_cast<int>(decode), csv, pool.size());
   // One sequence grows from frontier to frontier (each prefill step is the chunk between two
   // frontiers); decode and mixed steps run on copies of it at each frontier.
