@@ -7,15 +7,13 @@
 #include "backend/cpu/cpu_model.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
+#include "backend/router.h"
 #include "core/dtype.h"
 #include "core/quant.h"
 
 namespace dsinfer::backend::cpu {
 
 namespace {
-
-// torch.nn.functional.softplus(beta=1, threshold=20)
-float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // SwiGLU expert over n rows of xq [n, hidden] (already activation-quantized when the mode asks):
 // h = silu(min(w1 x, L)) * clamp(w3 x, -L, L) * route_weight; out = w2 h. out [n, hidden].
@@ -58,27 +56,21 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   MatMul(lw.gate, x, T, logits.data(), pool_);
   std::vector<int32_t> chosen(T * K);  // [T, K]
   std::vector<float> weight(T * K);    // [T, K]
+  std::vector<float> bias;             // [E] selection bias (biased routing)
+  if (!lw.tid2eid.valid()) {
+    bias.resize(E);
+    for (int e = 0; e < E; ++e) bias[e] = lw.gate_bias.F32At(e);
+  }
+  std::vector<int32_t> idx(E), hash_ids(K);  // [E] scratch, [K] one token's tid2eid row
   for (int64_t t = 0; t < T; ++t) {
     float* s = logits.data() + t * E;
-    for (int e = 0; e < E; ++e) s[e] = std::sqrt(Softplus(s[e]));
-    int32_t* sel = chosen.data() + t * K;
-    if (lw.tid2eid.valid()) {
+    for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(s[e]));
+    if (lw.tid2eid.valid())  // ids validated at load (model/weights.cc)
       for (int k = 0; k < K; ++k)
-        sel[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
-    } else {
-      std::vector<int32_t> idx(E);
-      std::iota(idx.begin(), idx.end(), 0);
-      auto biased = [&](int32_t e) { return s[e] + lw.gate_bias.F32At(e); };
-      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-        float va = biased(a), vb = biased(b);
-        return va > vb || (va == vb && a < b);
-      });
-      std::copy_n(idx.begin(), K, sel);
-    }
-    float sum = 0.0f;
-    for (int k = 0; k < K; ++k) sum += s[sel[k]];  // unbiased scores
-    for (int k = 0; k < K; ++k)
-      weight[t * K + k] = s[sel[k]] / sum * static_cast<float>(c.route_scale);
+        hash_ids[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
+    RouteOneToken(s, E, K, lw.tid2eid.valid() ? hash_ids.data() : nullptr, bias.data(),
+                  static_cast<float>(c.route_scale), idx.data(), chosen.data() + t * K,
+                  weight.data() + t * K);
   }
 
   std::vector<float> xq(x, x + T * D);  // [T, D] the experts' shared quantized input

@@ -7,8 +7,6 @@
 
 namespace dsinfer::backend::cuda {
 
-float RouterSoftplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
 Status RouteTokens(const RouterParams& p, std::span<const float> logits,
                    std::span<const int32_t> token_ids, std::vector<int32_t>* chosen,
                    std::vector<float>* weights) {
@@ -25,10 +23,9 @@ Status RouteTokens(const RouterParams& p, std::span<const float> logits,
   chosen->assign(static_cast<size_t>(T * K), 0);
   weights->assign(static_cast<size_t>(T * K), 0.0f);
   std::vector<float> s(static_cast<size_t>(E));  // [E] sqrt(softplus) scores of one token
-  std::vector<int32_t> idx(static_cast<size_t>(E));
+  std::vector<int32_t> idx(static_cast<size_t>(E)), hash_ids(static_cast<size_t>(K));
   for (int64_t t = 0; t < T; ++t) {
     for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(logits[t * E + e]));
-    int32_t* sel = chosen->data() + t * K;
     if (p.tid2eid != nullptr) {
       const int64_t tok = token_ids[t];
       if (tok < 0 || tok >= p.vocab)
@@ -38,20 +35,12 @@ Status RouteTokens(const RouterParams& p, std::span<const float> logits,
         const int32_t e = p.tid2eid[tok * K + k];
         if (e < 0 || e >= E)
           return InvalidArgument("RouteTokens: tid2eid holds expert " + std::to_string(e));
-        sel[k] = e;
+        hash_ids[k] = e;
       }
-    } else {
-      std::iota(idx.begin(), idx.end(), 0);
-      auto biased = [&](int32_t e) { return s[e] + p.bias[e]; };
-      std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t a, int32_t b) {
-        float va = biased(a), vb = biased(b);
-        return va > vb || (va == vb && a < b);
-      });
-      std::copy_n(idx.begin(), K, sel);
     }
-    float sum = 0.0f;
-    for (int k = 0; k < K; ++k) sum += s[sel[k]];  // unbiased scores
-    for (int k = 0; k < K; ++k) (*weights)[t * K + k] = s[sel[k]] / sum * p.route_scale;
+    // The CPU backend's own rule (backend/router.h), so this oracle cannot drift from moe.cc.
+    RouteOneToken(s.data(), E, K, p.tid2eid != nullptr ? hash_ids.data() : nullptr, p.bias,
+                  p.route_scale, idx.data(), chosen->data() + t * K, weights->data() + t * K);
   }
   return Status::Ok();
 }

@@ -13,12 +13,14 @@
 #include <span>
 #include <vector>
 
+#include "backend/router.h"
 #include "core/status.h"
 
 namespace dsinfer::backend::cuda {
 
-// torch.nn.functional.softplus(beta=1, threshold=20), as the CPU backend (moe.cc) computes it.
-float RouterSoftplus(float x);
+// The selection rule itself lives in backend/router.h (shared with the CPU backend).
+using ::dsinfer::backend::RouteOneToken;
+using ::dsinfer::backend::RouterSoftplus;
 
 struct RouterParams {
   int n_experts = 0;                 // E
@@ -31,7 +33,7 @@ struct RouterParams {
 
 // Router of T tokens from the gate's logits [T, E]: chosen [T, K] expert ids (hash: the table's
 // order; biased: descending biased score, ties -> lower id) and weights [T, K] (f32, from the
-// unbiased scores, summed in slot order). moe.cc's semantics, step for step.
+// unbiased scores, summed in slot order): validation, then RouteOneToken per token.
 Status RouteTokens(const RouterParams& p, std::span<const float> logits,
                    std::span<const int32_t> token_ids, std::vector<int32_t>* chosen,
                    std::vector<float>* weights);
