@@ -12,6 +12,7 @@
 
 #include "../tolerance.h"
 #include "backend/cpu/linear_amx.h"
+#include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "core/quant.h"
 
@@ -20,49 +21,12 @@ namespace {
 
 using model::WeightFormat;
 
-struct TestMatrix {
-  std::vector<uint8_t> data, scales;
-  model::WeightMatrix view;
-};
-
-// Random codes of the given format [rows, cols] with e8m0 scales near 2^-8 (FP8: per 128x128
-// block; FP4: per 1x32). FP8 codes include subnormals and both zeros.
-TestMatrix MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
-  TestMatrix m;
+// Random codes of the given format [rows, cols] with e8m0 scales 2^-12 .. 2^-4 (FP8: per
+// 128x128 block; FP4: per 1x32). FP8 codes include subnormals and both zeros.
+HostWeight MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
-  m.view.format = format;
-  m.view.rows = rows;
-  m.view.cols = cols;
-  m.view.scale_dtype = DType::kF8E8M0;
-  m.view.name = "test.weight";
-  std::uniform_int_distribution<int> scale_code(127 - 12, 127 - 4);
-  if (format == WeightFormat::kBF16) {
-    std::normal_distribution<float> nd(0.0f, 0.05f);
-    m.data.resize(rows * cols * 2);
-    for (int64_t i = 0; i < rows * cols; ++i) {
-      const uint16_t b = F32ToBf16(nd(rng));
-      std::memcpy(m.data.data() + 2 * i, &b, 2);
-    }
-  } else if (format == WeightFormat::kFp8Block) {
-    m.data.resize(rows * cols);
-    for (auto& c : m.data) {
-      c = static_cast<uint8_t>(rng());
-      if ((c & 0x7f) == 0x7f) c &= 0xfe;  // no NaN codes
-    }
-    m.view.block = 128;
-    m.view.scale_cols = (cols + 127) / 128;
-    m.scales.resize(((rows + 127) / 128) * m.view.scale_cols);
-  } else {
-    m.data.resize(rows * cols / 2);
-    for (auto& c : m.data) c = static_cast<uint8_t>(rng());
-    m.view.block = 32;
-    m.view.scale_cols = cols / 32;
-    m.scales.resize(rows * m.view.scale_cols);
-  }
-  for (auto& s : m.scales) s = static_cast<uint8_t>(scale_code(rng));
-  m.view.data = m.data.data();
-  m.view.scales = m.scales.empty() ? nullptr : m.scales.data();
-  return m;
+  return RandomWeight(rng, format, rows, cols,
+                      {.scale_code_lo = 127 - 12, .scale_code_hi = 127 - 4, .name = "test.weight"});
 }
 
 // Token rows [m, k]: the official numerics' FP8 linear inputs (e4m3 codes times power-of-two
@@ -117,7 +81,7 @@ TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
   for (const Shape& s : kShapes)
     for (bool quantized : {true, false})
       for (int64_t m : {1, 5, 16, 17, 70}) {
-        TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, seed++);
+        HostWeight w = MakeMatrix(s.format, s.rows, s.cols, seed++);
         auto x = MakeTokens(m, s.cols, quantized, seed++);
         std::vector<float> y(m * s.rows);
         MatMul(w.view, x.data(), m, y.data(), pool);
@@ -130,7 +94,7 @@ TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
 TEST(Linear, TokenResultIsIndependentOfTheBatch) {
   ThreadPool pool(2);
   for (const Shape& s : kShapes) {
-    TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, 7);
+    HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 7);
     const int64_t m = 37;
     auto xq = MakeTokens(m, s.cols, true, 8);
     auto xf = MakeTokens(m, s.cols, false, 9);
@@ -169,7 +133,7 @@ TEST(Linear, AmxTilesMatchFp64Reference) {
     GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
   ThreadPool pool(2);
   for (const Shape& s : kShapes) {
-    TestMatrix w = MakeMatrix(s.format, s.rows, s.cols, 11);
+    HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 11);
     ASSERT_TRUE(amx::Applies(w.view));
     const int64_t m = 21;
     auto x = MakeTokens(m, s.cols, true, 12);

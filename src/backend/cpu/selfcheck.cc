@@ -12,6 +12,7 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
+#include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "model/weights.h"
 
@@ -20,59 +21,6 @@ namespace dsinfer::backend::cpu {
 namespace {
 
 using model::WeightFormat;
-
-std::vector<float> RandomFloats(std::mt19937& rng, int64_t n, float stddev) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// A random weight matrix in a checkpoint format, with its storage.
-struct HostWeight {
-  std::vector<uint8_t> data, scales;
-  model::WeightMatrix view;
-};
-
-HostWeight RandomWeight(std::mt19937& rng, WeightFormat format, int64_t rows, int64_t cols) {
-  HostWeight h;
-  model::WeightMatrix& v = h.view;
-  v.format = format;
-  v.rows = rows;
-  v.cols = cols;
-  v.name = "selfcheck.w";
-  std::uniform_int_distribution<int> byte(0, 255), scale_code(120, 130);
-  int64_t scale_rows = 0;
-  if (format == WeightFormat::kBF16) {
-    std::vector<float> f = RandomFloats(rng, rows * cols, 0.05f);
-    h.data.resize(f.size() * 2);
-    for (size_t i = 0; i < f.size(); ++i) {
-      uint16_t b = F32ToBf16(f[i]);
-      std::memcpy(h.data.data() + 2 * i, &b, 2);
-    }
-  } else if (format == WeightFormat::kFp8Block) {
-    h.data.resize(static_cast<size_t>(rows * cols));
-    for (auto& b : h.data) {
-      b = static_cast<uint8_t>(byte(rng));
-      if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
-    }
-    v.block = 128;
-    v.scale_cols = (cols + 127) / 128;
-    scale_rows = (rows + 127) / 128;
-  } else {  // kFp4Packed; cols is a multiple of 32
-    h.data.resize(static_cast<size_t>(rows * cols / 2));
-    for (auto& b : h.data) b = static_cast<uint8_t>(byte(rng));
-    v.block = 32;
-    v.scale_cols = cols / 32;
-    scale_rows = rows;
-  }
-  h.scales.resize(static_cast<size_t>(scale_rows * v.scale_cols));
-  for (auto& s : h.scales) s = static_cast<uint8_t>(scale_code(rng));
-  v.scale_dtype = DType::kF8E8M0;
-  v.data = h.data.data();
-  v.scales = h.scales.empty() ? nullptr : h.scales.data();
-  return h;
-}
 
 // Weight (r, c) decoded from the stored bytes here, independently of linear.cc's decoders.
 double ReferenceWeight(const model::WeightMatrix& w, int64_t r, int64_t c) {
@@ -128,7 +76,7 @@ SelfCheckResult CheckMatMul(ThreadPool& pool, WeightFormat format, int64_t m, in
       "m=" + std::to_string(m) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
   r.error_measure = "sum|x*w| of the output element";
   r.budget = kSelfCheckMatMulRelToSumAbs;
-  HostWeight w = RandomWeight(rng, format, rows, cols);
+  HostWeight w = RandomWeight(rng, format, rows, cols, {.name = "selfcheck.w"});
   std::vector<float> x = RandomFloats(rng, m * cols, 1.0f);  // [m, cols]
   std::vector<float> y(static_cast<size_t>(m * rows), NAN);  // [m, rows]
   MatMul(w.view, x.data(), m, y.data(), pool);
@@ -316,7 +264,7 @@ CpuPeak DetectCpuPeak(bool avx512f, bool avx2_fma) {
 GemmProbeResult RunCpuGemmProbe(ThreadPool& pool, double max_seconds) {
   constexpr int64_t kRows = 2048, kCols = 2048, kTokens = 64;
   std::mt19937 rng(7);
-  HostWeight w = RandomWeight(rng, WeightFormat::kBF16, kRows, kCols);
+  HostWeight w = RandomWeight(rng, WeightFormat::kBF16, kRows, kCols, {.name = "selfcheck.w"});
   std::vector<float> x = RandomFloats(rng, kTokens * kCols, 1.0f);  // [m, cols]
   std::vector<float> y(static_cast<size_t>(kTokens * kRows));       // [m, rows]
   using Clock = std::chrono::steady_clock;

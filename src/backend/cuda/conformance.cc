@@ -10,6 +10,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
 #include "backend/fp4_to_fp8.h"
+#include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -103,82 +104,6 @@ CheckResult Failed(CheckResult r, const Status& s) {
     return Failed(std::move(r), DSINFER_CONCAT(_res_, __LINE__).status()); \
   lhs = std::move(DSINFER_CONCAT(_res_, __LINE__)).value()
 
-std::vector<float> RandomFloats(std::mt19937& rng, int64_t n, float stddev) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// Host-side storage of a random weight matrix in one of the checkpoint formats.
-struct HostWeight {
-  std::vector<uint8_t> data, scales;
-  model::WeightMatrix view;
-};
-
-HostWeight RandomWeight(std::mt19937& rng, model::WeightFormat format, bool f32_scales,
-                        int64_t rows, int64_t cols) {
-  HostWeight h;
-  model::WeightMatrix& v = h.view;
-  v.format = format;
-  v.rows = rows;
-  v.cols = cols;
-  v.name = "conformance.w";
-  std::uniform_int_distribution<int> byte(0, 255), scale_code(120, 130);
-  int64_t scale_rows = 0;
-  switch (format) {
-    case model::WeightFormat::kF32: {
-      std::vector<float> f = RandomFloats(rng, rows * cols, 0.05f);
-      h.data.resize(f.size() * 4);
-      std::memcpy(h.data.data(), f.data(), h.data.size());
-      break;
-    }
-    case model::WeightFormat::kBF16: {
-      std::vector<float> f = RandomFloats(rng, rows * cols, 0.05f);
-      h.data.resize(f.size() * 2);
-      for (size_t i = 0; i < f.size(); ++i) {
-        uint16_t b = F32ToBf16(f[i]);
-        std::memcpy(h.data.data() + 2 * i, &b, 2);
-      }
-      break;
-    }
-    case model::WeightFormat::kFp8Block:
-      h.data.resize(static_cast<size_t>(rows * cols));
-      for (auto& b : h.data) {
-        b = static_cast<uint8_t>(byte(rng));
-        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
-      }
-      v.block = 128;
-      v.scale_cols = (cols + 127) / 128;
-      scale_rows = (rows + 127) / 128;
-      break;
-    case model::WeightFormat::kFp4Packed:
-      h.data.resize(static_cast<size_t>(rows * cols / 2));
-      for (auto& b : h.data) b = static_cast<uint8_t>(byte(rng));
-      v.block = 32;
-      v.scale_cols = cols / 32;
-      scale_rows = rows;
-      break;
-  }
-  if (scale_rows > 0) {
-    const int64_t n = scale_rows * v.scale_cols;
-    v.scale_dtype = f32_scales ? DType::kF32 : DType::kF8E8M0;
-    h.scales.resize(static_cast<size_t>(n * (f32_scales ? 4 : 1)));
-    for (int64_t i = 0; i < n; ++i) {
-      uint8_t code = static_cast<uint8_t>(scale_code(rng));
-      if (f32_scales) {
-        float s = E8M0ToF32(code);
-        std::memcpy(h.scales.data() + 4 * i, &s, 4);
-      } else {
-        h.scales[i] = code;
-      }
-    }
-  }
-  v.data = h.data.data();
-  v.scales = h.scales.empty() ? nullptr : h.scales.data();
-  return h;
-}
-
 std::string FormatName(model::WeightFormat f, bool f32_scales) {
   switch (f) {
     case model::WeightFormat::kF32:
@@ -241,7 +166,8 @@ CheckResult CheckMatMul(CudaDevice& dev, model::WeightFormat format, bool f32_sc
   r.op = "matmul/" + FormatName(format, f32_scales);
   r.shape = Shape({{"m", m}, {"rows", rows}, {"cols", cols}});
   std::mt19937 rng(seed);
-  HostWeight w = RandomWeight(rng, format, f32_scales, rows, cols);
+  HostWeight w =
+      RandomWeight(rng, format, rows, cols, {.f32_scales = f32_scales, .name = "conformance.w"});
   return CompareMatMul(dev, std::move(r), w.view, w.view, m, rng);
 }
 
@@ -251,7 +177,8 @@ CheckResult CheckReblockedFp4MatMul(CudaDevice& dev, int64_t m, int64_t rows, in
   r.op = "matmul/fp4-reblocked-fp8";
   r.shape = Shape({{"m", m}, {"rows", rows}, {"cols", cols}});
   std::mt19937 rng(seed);
-  HostWeight w = RandomWeight(rng, model::WeightFormat::kFp4Packed, false, rows, cols);
+  HostWeight w =
+      RandomWeight(rng, model::WeightFormat::kFp4Packed, rows, cols, {.name = "conformance.w"});
   ASSIGN_OR_FAIL(Fp8BlockWeight fp8, ReblockFp4ToFp8(w.view));
   if (fp8.inexact != 0) {
     r.detail = "re-blocking was inexact for " + std::to_string(fp8.inexact) + " elements";
@@ -526,7 +453,7 @@ CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int6
   std::vector<HostWeight> experts;
   std::vector<const model::WeightMatrix*> views;
   for (int e = 0; e < n_experts; ++e)
-    experts.push_back(RandomWeight(rng, format, false, rows, cols));
+    experts.push_back(RandomWeight(rng, format, rows, cols, {.name = "conformance.w"}));
   for (const HostWeight& h : experts) views.push_back(&h.view);
   // Routing: the first 11 slots to expert 0 (more than one tile), the last expert never used,
   // the rest random.
