@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "args.h"
+#include "backend/cpu/linear_amx.h"
 #include "backend/cpu/selfcheck.h"
 #include "commands.h"
 #include "core/membw.h"
@@ -106,6 +107,8 @@ json CpuReport(StageRunner& stages) {
     f["avx512bw"] = (b7 >> 30) & 1;
     f["avx512vl"] = (b7 >> 31) & 1;
     f["avx512_vnni"] = (c7 >> 11) & 1;
+    f["amx_bf16"] = (d7 >> 22) & 1;
+    f["amx_tile"] = (d7 >> 24) & 1;
   }
   if (__get_cpuid_count(7, 1, &a71, &b, &c, &d)) {
     f["avx_vnni"] = (a71 >> 4) & 1;
@@ -113,6 +116,9 @@ json CpuReport(StageRunner& stages) {
   }
   for (auto& [k, v] : f.items()) v = v.get<unsigned>() != 0;
   cpu["features"] = f;
+  // Whether the matmuls of the official numerics run on AMX tiles here (CPU, OS permission and
+  // DSINFER_CPU_AMX all agree), or on the FP32 AVX2 kernels.
+  cpu["matmul_kernel"] = backend::cpu::amx::Available() ? "amx-bf16" : "fp32";
   cpu["threads"] = std::thread::hardware_concurrency();
   cpu["ram_bytes"] =
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
@@ -299,7 +305,8 @@ int RunDoctor(int argc, char** argv) {
   std::printf("\n  features:");
   for (auto& [k, v] : cpu["features"].items())
     if (v.get<bool>()) std::printf(" %s", k.c_str());
-  std::printf("\n");
+  std::printf("\n  matmul kernel for the official numerics: %s\n",
+              cpu["matmul_kernel"].get<std::string>().c_str());
   if (cpu.contains("selfcheck")) {
     std::printf("  self-check vs fp64 (max error / budget):\n");
     for (const json& c : cpu["selfcheck"]["checks"])

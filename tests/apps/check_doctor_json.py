@@ -12,7 +12,9 @@ import time
 DSINFER = sys.argv[1]
 VERDICTS = ("supported", "degraded", "unsupported", "unchecked")
 EXPECTED_CHECKS = {"gemv/fp8-e8m0", "gemm/fp8-e8m0", "gemv/fp4-e8m0", "gemm/fp4-e8m0", "gemv/bf16",
-                   "gemm/bf16", "rmsnorm/f32", "rmsnorm/bf16-out", "rope/forward", "rope/inverse"}
+                   "gemm/bf16", "gemm/fp8-e8m0/act-fp8", "gemm/fp4-e8m0/act-fp8",
+                   "gemm/bf16/act-fp8", "rmsnorm/f32", "rmsnorm/bf16-out", "rope/forward",
+                   "rope/inverse"}
 
 
 def doctor(*extra):
@@ -67,6 +69,13 @@ for c in checks:
 # error of exactly 0 on every check would mean the reference is the code under test.
 assert any(c["max_rel_err"] > 0 for c in checks)
 assert cpu["selfcheck"]["failed"] == 0 and cpu["verdict"] == "supported", cpu["why"]
+# The quantized-input checks say which kernel ran; AMX only where the CPU reports AMX-BF16.
+assert cpu["matmul_kernel"] in ("amx-bf16", "fp32"), cpu["matmul_kernel"]
+if cpu["matmul_kernel"] == "amx-bf16":
+    assert cpu["features"]["amx_bf16"] and cpu["features"]["avx512_bf16"], cpu["features"]
+for c in checks:
+    if c["op"].endswith("/act-fp8"):
+        assert "kernel=" + cpu["matmul_kernel"] in c["shape"], c
 
 g = cpu["gemm_probe"]
 inputs = g["peak_inputs"]

@@ -11,9 +11,11 @@
 #include <utility>
 
 #include "backend/cpu/linear.h"
+#include "backend/cpu/linear_amx.h"
 #include "backend/cpu/ops.h"
 #include "backend/random_weights.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "model/weights.h"
 
 namespace dsinfer::backend::cpu {
@@ -68,16 +70,26 @@ void Track(double* worst, double got, double want, double scale) {
   *worst = std::max(*worst, e);
 }
 
+// quantized_input: x is FP8 act_quant round-tripped as the official numerics feed FP8/FP4
+// linears, so the rows are bf16-exact and run on the AMX tiles where the CPU has them (the
+// shape string names the kernel); otherwise arbitrary fp32 rows on the FP32 kernels.
 SelfCheckResult CheckMatMul(ThreadPool& pool, WeightFormat format, int64_t m, int64_t rows,
-                            int64_t cols, std::mt19937& rng) {
+                            int64_t cols, bool quantized_input, std::mt19937& rng) {
   SelfCheckResult r;
-  r.op = std::string(m == 1 ? "gemv/" : "gemm/") + FormatName(format);
+  r.op = std::string(m == 1 ? "gemv/" : "gemm/") + FormatName(format) +
+         (quantized_input ? "/act-fp8" : "");
   r.shape =
       "m=" + std::to_string(m) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+
   r.error_measure = "sum|x*w| of the output element";
   r.budget = kSelfCheckMatMulRelToSumAbs;
   HostWeight w = RandomWeight(rng, format, rows, cols, {.name = "selfcheck.w"});
+  if (quantized_input)
+    r.shape += amx::Available() && amx::Applies(w.view) ? " kernel=amx-bf16" : " kernel=fp32";
   std::vector<float> x = RandomFloats(rng, m * cols, 1.0f);  // [m, cols]
+  if (quantized_input)
+    for (int64_t i = 0; i < m; ++i)
+      Fp8RoundTripInPlace(x.data() + i * cols, static_cast<int>(cols), 128);
   std::vector<float> y(static_cast<size_t>(m * rows), NAN);  // [m, rows]
   MatMul(w.view, x.data(), m, y.data(), pool);
   double worst = 0;
@@ -177,7 +189,11 @@ std::vector<SelfCheckResult> RunCpuSelfCheck(ThreadPool& pool, uint32_t seed) {
   // 416 cols: a multiple of the FP4 block (32) but not of 128 or of the 8-lane vectors' 64.
   for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed, WeightFormat::kBF16})
     for (int64_t m : {int64_t{1}, int64_t{5}})
-      out.push_back(CheckMatMul(pool, f, m, 203, 416, rng));
+      out.push_back(CheckMatMul(pool, f, m, 203, 416, false, rng));
+  // The official numerics' inputs (the AMX tile path where present), a 17-token batch: one full
+  // tile group plus a ragged one.
+  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed, WeightFormat::kBF16})
+    out.push_back(CheckMatMul(pool, f, 17, 203, 416, true, rng));
   out.push_back(CheckRmsNorm(3, 1000, false, rng));
   out.push_back(CheckRmsNorm(3, 1000, true, rng));
   out.push_back(CheckRope(64, false, rng));
