@@ -10,6 +10,10 @@
 // e2m1 codes times e8m0 scales have at most 4 significant bits). Every product is then the exact
 // product the FP32 path forms; only the summation order differs (fp32 accumulation inside the
 // tile unit). Rows that are not bf16-exact (the fp32-reference numerics) keep the FP32 kernels.
+// One difference remains by design of the hardware: the tile unit treats subnormal inputs
+// (|v| < 2^-126) as zero. Activation rows holding them are not bf16-exact here (FP32 kernels);
+// weights that small (a bf16 weight, or an e4m3/e2m1 code times a scale below 2^-117) do not
+// occur in trained checkpoints, and would contribute zero instead of < 2^-126 per product.
 //
 // Invariance: each output element (weight row, token) is accumulated by the same sequence of
 // tile operations over k whatever other rows and tokens share its tiles (checked on the hardware:
