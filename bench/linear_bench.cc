@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       std::vector<double> times;
       double cpu = 0, wall = 0;
       for (int r = 0; r < repeats; ++r) {
-        const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1).read_gbps;
+        const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
         const double c0 = CpuSeconds(), t0 = Now();
         for (const WeightMatrix& w : set.mats)
           dsinfer::backend::cpu::MatMul(w, x.data(), m, y.data(), pool);

@@ -203,7 +203,7 @@ class ModelBench {
   // over the probe so the reported peak stays the model's own.
   double ProbeBandwidth() {
     peak_rss_ = std::max(peak_rss_, PeakResidentBytes());
-    const double gbps = MeasureMemoryBandwidth(pool_, int64_t{256} << 20, 1).read_gbps;
+    const double gbps = MeasureMemoryBandwidth(pool_, int64_t{256} << 20, 1, false).read_gbps;
     ResetPeakResident();
     return gbps > 0 ? gbps : read_gbps_;
   }

@@ -124,7 +124,7 @@ json CpuReport(StageRunner& stages) {
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   ThreadPool pool(0);
   stages.Run("memory_bandwidth", [&] {
-    BandwidthResult bw = MeasureMemoryBandwidth(pool, int64_t{256} << 20, 3);
+    BandwidthResult bw = MeasureMemoryBandwidth(pool, int64_t{256} << 20, 3, false);
     cpu["memory_read_gbps"] = bw.read_gbps;
   });
 

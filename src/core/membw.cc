@@ -46,19 +46,21 @@ float ReadRange(const float* p, int64_t n) {
 
 }  // namespace
 
-BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes, int repeats) {
+BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes, int repeats,
+                                       bool measure_copy) {
   int64_t n = bytes / 4;
   n -= n % 1024;
   auto deleter = [](float* p) { std::free(p); };
   std::unique_ptr<float, decltype(deleter)> a(static_cast<float*>(std::aligned_alloc(64, n * 4)),
                                               deleter);
-  std::unique_ptr<float, decltype(deleter)> b(static_cast<float*>(std::aligned_alloc(64, n * 4)),
-                                              deleter);
+  std::unique_ptr<float, decltype(deleter)> b(
+      measure_copy ? static_cast<float*>(std::aligned_alloc(64, n * 4)) : nullptr, deleter);
   // First touch from the pool so pages are spread like the benchmark's.
   pool.ParallelForRange(
       n,
       [&](int64_t s, int64_t e) {
-        for (int64_t i = s; i < e; ++i) a.get()[i] = 1.0f, b.get()[i] = 0.0f;
+        for (int64_t i = s; i < e; ++i) a.get()[i] = 1.0f;
+        if (b) std::fill(b.get() + s, b.get() + e, 0.0f);
       },
       1 << 16);
   std::vector<double> reads, copies;
@@ -73,18 +75,19 @@ BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes, int repe
       if (s < e) partial[c] = ReadRange(a.get() + s, e - s);
     });
     auto t1 = std::chrono::steady_clock::now();
-    pool.ParallelFor(n_chunks, [&](int64_t c) {
-      int64_t s = c * chunk, e = std::min(n, s + chunk);
-      if (s < e) std::memcpy(b.get() + s, a.get() + s, (e - s) * 4);
-    });
+    if (b)
+      pool.ParallelFor(n_chunks, [&](int64_t c) {
+        int64_t s = c * chunk, e = std::min(n, s + chunk);
+        if (s < e) std::memcpy(b.get() + s, a.get() + s, (e - s) * 4);
+      });
     auto t2 = std::chrono::steady_clock::now();
     for (float v : partial) sink = sink + v;
     if (r == 0) continue;  // warm-up
     reads.push_back(bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);
-    copies.push_back(2.0 * bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9);
+    if (b) copies.push_back(2.0 * bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9);
   }
   (void)sink;
-  return {Median(reads), Median(copies), n * 4};
+  return {Median(reads), copies.empty() ? 0.0 : Median(copies), n * 4};
 }
 
 }  // namespace dsinfer

@@ -14,8 +14,10 @@ struct BandwidthResult {
   int64_t bytes = 0;     // working-set size
 };
 
-// Working set should be far larger than the last-level cache (default 1 GiB).
+// Working set should be far larger than the last-level cache (default 1 GiB). measure_copy =
+// false skips the second buffer and the copy passes (copy_gbps 0): for callers that only need
+// the read bandwidth, such as a probe before every benchmark step.
 BandwidthResult MeasureMemoryBandwidth(ThreadPool& pool, int64_t bytes = int64_t{1} << 30,
-                                       int repeats = 5);
+                                       int repeats = 5, bool measure_copy = true);
 
 }  // namespace dsinfer
