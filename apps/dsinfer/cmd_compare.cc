@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "commands.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "measure/compare.h"
 #include "measure/endpoint_compare.h"
 #include "model/weights.h"
@@ -51,14 +51,6 @@ bool WantsHelp(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
   return false;
-}
-
-Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  if (!out) return IoError("cannot write " + path);
-  return Status::Ok();
 }
 
 // A float32 tensor's values; `shape` receives its shape.
@@ -177,7 +169,7 @@ int ReportLogits(const std::vector<LogitsBlock>& blocks, int64_t vocab, const Lo
     header["overall"] = LogitsJson(r, total.row_names, failure);
     header["verdict"] = failure.empty() ? "pass" : "fail";
     header["reason"] = failure;
-    Status st = WriteText(json_path, header.dump(2) + "\n");
+    Status st = io::WriteTextFile(json_path, header.dump(2) + "\n");
     if (!st.ok()) return Error(st.ToString());
   }
   return failure.empty() ? kPass : kFail;
@@ -393,7 +385,8 @@ int RunCompareEndpoints(int argc, char** argv) {
   });
   std::fputs(measure::EndpointComparisonText(th, result).c_str(), stdout);
   if (auto path = args.Get("output-json")) {
-    Status st = WriteText(*path, measure::EndpointComparisonJson(a, b, options, th, result));
+    Status st =
+        io::WriteTextFile(*path, measure::EndpointComparisonJson(a, b, options, th, result));
     if (!st.ok()) return Error(st.ToString());
   }
   if (result.errors > 0) return kError;

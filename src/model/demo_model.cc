@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "model/weights.h"
 
 namespace dsinfer::model {
@@ -176,14 +176,6 @@ void Fp4Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t see
   });
 }
 
-Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  if (!out) return IoError("cannot write " + path);
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
@@ -251,14 +243,15 @@ Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
   }
 
   nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  DSINFER_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
-  DSINFER_RETURN_IF_ERROR(WriteText(dir + "/config.json", config.ToJson().dump(2) + "\n"));
+  DSINFER_RETURN_IF_ERROR(
+      io::WriteTextFile(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  DSINFER_RETURN_IF_ERROR(io::WriteTextFile(dir + "/config.json", config.ToJson().dump(2) + "\n"));
   nlohmann::json gen = {{"bos_token_id", config.bos_token_id},
                         {"eos_token_id", config.eos_token_id},
                         {"do_sample", true},
                         {"temperature", 1.0},
                         {"top_p", 1.0}};
-  DSINFER_RETURN_IF_ERROR(WriteText(dir + "/generation_config.json", gen.dump(2) + "\n"));
+  DSINFER_RETURN_IF_ERROR(io::WriteTextFile(dir + "/generation_config.json", gen.dump(2) + "\n"));
   return Status::Ok();
 }
 
