@@ -18,13 +18,13 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_amx.h"
+#include "backend/random_weights.h"
 #include "core/membw.h"
 #include "core/quant.h"
 
 namespace {
 
 using dsinfer::model::WeightFormat;
-using dsinfer::model::WeightMatrix;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -37,37 +37,21 @@ double CpuSeconds() {
          u.ru_stime.tv_usec * 1e-6;
 }
 
+// Random matrices [rows, cols] of `f` (backend/random_weights.h, e8m0 scales 2^-9 .. 2^-7)
+// adding up to about total_bytes of weight codes.
 struct Set {
-  std::vector<uint8_t> data, scales;  // all matrices back to back
-  std::vector<WeightMatrix> mats;
+  std::vector<dsinfer::backend::HostWeight> mats;
   int64_t bytes = 0;
 };
 
-// n matrices [rows, cols] of random codes with e8m0 scales near 2^-8.
 Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes) {
   Set s;
-  const int64_t per = f == WeightFormat::kFp4Packed ? rows * cols / 2 : rows * cols;
-  const int64_t per_scales =
-      f == WeightFormat::kFp4Packed ? rows * cols / 32 : ((rows + 127) / 128) * (cols / 128);
-  const int64_t n = std::max<int64_t>(1, total_bytes / per);
-  s.data.resize(n * per);
-  s.scales.resize(n * per_scales);
   std::mt19937 rng(1);
-  for (auto& b : s.data) b = static_cast<uint8_t>(rng() & 0x7e);  // no NaN e4m3 codes
-  for (auto& b : s.scales) b = static_cast<uint8_t>(127 - 8 + rng() % 3);
-  for (int64_t i = 0; i < n; ++i) {
-    WeightMatrix w;
-    w.format = f;
-    w.data = s.data.data() + i * per;
-    w.scales = s.scales.data() + i * per_scales;
-    w.scale_dtype = dsinfer::DType::kF8E8M0;
-    w.rows = rows;
-    w.cols = cols;
-    w.scale_cols = f == WeightFormat::kFp4Packed ? cols / 32 : cols / 128;
-    w.block = f == WeightFormat::kFp4Packed ? 32 : 128;
-    s.mats.push_back(w);
+  while (s.mats.empty() || s.bytes < total_bytes) {
+    s.mats.push_back(dsinfer::backend::RandomWeight(
+        rng, f, rows, cols, {.scale_code_lo = 127 - 9, .scale_code_hi = 127 - 7}));
+    s.bytes += static_cast<int64_t>(s.mats.back().data.size());
   }
-  s.bytes = n * per;
   return s;
 }
 
@@ -112,8 +96,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeats; ++r) {
         const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
         const double c0 = CpuSeconds(), t0 = Now();
-        for (const WeightMatrix& w : set.mats)
-          dsinfer::backend::cpu::MatMul(w, x.data(), m, y.data(), pool);
+        for (const auto& w : set.mats)
+          dsinfer::backend::cpu::MatMul(w.view, x.data(), m, y.data(), pool);
         const double dt = Now() - t0;
         cpu += CpuSeconds() - c0, wall += dt;
         times.push_back(set.bytes / dt / 1e9 / bw);  // share of this repeat's bandwidth
