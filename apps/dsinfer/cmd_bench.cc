@@ -307,12 +307,8 @@ int RunBench(int argc, char** argv) {
   BandwidthResult bw = MeasureMemoryBandwidth(pool);
   std::fprintf(stderr, "memory bandwidth (read, median of 5): %.2f GB/s; copy %.2f GB/s\n",
                bw.read_gbps, bw.copy_gbps);
-  // The probe's buffers are freed; reset the peak-RSS mark (Linux: "5" to clear_refs) so the
-  // reported peak is the model's own.
-  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", f);
-    std::fclose(f);
-  }
+  // The probe's buffers are freed; reset the peak-RSS mark so the reported peak is the model's.
+  ResetPeakResident();
   auto cpu = backend::cpu::CpuModel::Create(**weights, numerics, pool);
   if (!cpu.ok()) {
     std::fprintf(stderr, "dsinfer: %s\n", cpu.status().ToString().c_str());
