@@ -49,7 +49,8 @@ Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes) {
   std::mt19937 rng(1);
   while (s.mats.empty() || s.bytes < total_bytes) {
     s.mats.push_back(dsinfer::backend::RandomWeight(
-        rng, f, rows, cols, {.scale_code_lo = 127 - 9, .scale_code_hi = 127 - 7}));
+        rng, f, rows, cols,
+        {.scale_code_lo = 127 - 9, .scale_code_hi = 127 - 7, .fp8_trained_distribution = true}));
     s.bytes += static_cast<int64_t>(s.mats.back().data.size());
   }
   return s;
@@ -79,7 +80,9 @@ int main(int argc, char** argv) {
   };
   const Case cases[] = {{"fp4 expert w1 2048x4096", WeightFormat::kFp4Packed, 2048, 4096},
                         {"fp4 expert w2 4096x2048", WeightFormat::kFp4Packed, 4096, 2048},
-                        {"fp8 dense 4096x4096", WeightFormat::kFp8Block, 4096, 4096}};
+                        {"fp8 dense 4096x4096", WeightFormat::kFp8Block, 4096, 4096},
+                        {"fp8 q-up 32768x1024", WeightFormat::kFp8Block, 32768, 1024},
+                        {"bf16 head 8192x4096", WeightFormat::kBF16, 8192, 4096}};
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).rfind(only, 0) != 0) continue;
     Set set = MakeSet(c.f, c.rows, c.cols, mib << 20);
@@ -91,7 +94,7 @@ int main(int argc, char** argv) {
       for (auto& v : x) v = nd(rng);
       for (int64_t t = 0; t < m; ++t)  // official numerics: FP8-quantized activations
         dsinfer::Fp8RoundTripInPlace(x.data() + t * c.cols, static_cast<int>(c.cols), 128);
-      std::vector<double> times;
+      std::vector<double> times, gbps;
       double cpu = 0, wall = 0;
       for (int r = 0; r < repeats; ++r) {
         const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
@@ -101,11 +104,15 @@ int main(int argc, char** argv) {
         const double dt = Now() - t0;
         cpu += CpuSeconds() - c0, wall += dt;
         times.push_back(set.bytes / dt / 1e9 / bw);  // share of this repeat's bandwidth
+        gbps.push_back(set.bytes / dt / 1e9);
       }
       std::sort(times.begin(), times.end());
+      std::sort(gbps.begin(), gbps.end());
       std::printf(
-          "%-26s m=%-3lld  weights at %5.1f%% of read bandwidth (median of %d)  cpu/wall %.2f\n",
-          c.name, static_cast<long long>(m), 100 * times[times.size() / 2], repeats, cpu / wall);
+          "%-26s m=%-3lld  weights at %5.1f%% of read bandwidth (median of %d, %.2f GB/s)  "
+          "cpu/wall %.2f\n",
+          c.name, static_cast<long long>(m), 100 * times[times.size() / 2], repeats,
+          gbps[gbps.size() / 2], cpu / wall);
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "backend/random_weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -43,9 +44,14 @@ HostWeight RandomWeight(std::mt19937& rng, model::WeightFormat format, int64_t r
     }
     case model::WeightFormat::kFp8Block:
       h.data.resize(static_cast<size_t>(rows * cols));
-      for (auto& b : h.data) {
-        b = static_cast<uint8_t>(byte(rng));
-        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+      if (options.fp8_trained_distribution) {
+        std::normal_distribution<float> value(0.0f, 448.0f / 4.5f);
+        for (auto& b : h.data) b = F32ToE4M3(std::clamp(value(rng), -448.0f, 448.0f));
+      } else {
+        for (auto& b : h.data) {
+          b = static_cast<uint8_t>(byte(rng));
+          if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+        }
       }
       v.block = 128;
       v.scale_cols = (cols + 127) / 128;
