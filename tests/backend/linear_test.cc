@@ -22,11 +22,17 @@ namespace {
 using model::WeightFormat;
 
 // Random codes of the given format [rows, cols] with e8m0 scales 2^-12 .. 2^-4 (FP8: per
-// 128x128 block; FP4: per 1x32). FP8 codes include subnormals and both zeros.
-HostWeight MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
+// 128x128 block; FP4: per 1x32). FP8 codes are uniform over all codes (subnormals and both zeros
+// in nearly every 64 codes: the AMX path's general conversion) or distributed like trained
+// weights (subnormals rare: its fast conversion).
+HostWeight MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed,
+                      bool trained = false) {
   std::mt19937 rng(seed);
   return RandomWeight(rng, format, rows, cols,
-                      {.scale_code_lo = 127 - 12, .scale_code_hi = 127 - 4, .name = "test.weight"});
+                      {.scale_code_lo = 127 - 12,
+                       .scale_code_hi = 127 - 4,
+                       .fp8_trained_distribution = trained,
+                       .name = "test.weight"});
 }
 
 // Token rows [m, k]: the official numerics' FP8 linear inputs (e4m3 codes times power-of-two
@@ -68,11 +74,14 @@ struct Shape {
   int64_t rows, cols;
 };
 
+// Rows: one, ragged, whole 16-row tiles and more; columns: whole 128-column blocks and odd chunk
+// counts (FP8 96 and 160: a chunk without a pair).
 const Shape kShapes[] = {
     {WeightFormat::kFp8Block, 130, 256}, {WeightFormat::kFp8Block, 17, 384},
-    {WeightFormat::kFp8Block, 1, 128},   {WeightFormat::kFp4Packed, 33, 96},
+    {WeightFormat::kFp8Block, 1, 128},   {WeightFormat::kFp8Block, 20, 96},
+    {WeightFormat::kFp8Block, 33, 160},  {WeightFormat::kFp4Packed, 33, 96},
     {WeightFormat::kFp4Packed, 16, 512}, {WeightFormat::kBF16, 40, 64},
-    {WeightFormat::kBF16, 3, 160},
+    {WeightFormat::kBF16, 3, 160},       {WeightFormat::kBF16, 32, 4096},
 };
 
 TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
@@ -132,17 +141,20 @@ TEST(Linear, AmxTilesMatchFp64Reference) {
   if (!amx::Available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
   ThreadPool pool(2);
-  for (const Shape& s : kShapes) {
-    HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 11);
-    ASSERT_TRUE(amx::Applies(w.view));
-    const int64_t m = 21;
-    auto x = MakeTokens(m, s.cols, true, 12);
-    std::vector<int64_t> tokens(m);
-    for (int64_t t = 0; t < m; ++t) tokens[t] = t;
-    std::vector<float> y(m * s.rows, NAN);
-    amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, y.data(), s.rows, pool);
-    ExpectNearReference(w.view, x, m, y);
-  }
+  for (const Shape& s : kShapes)
+    for (bool trained : {false, true}) {
+      if (trained && s.format != WeightFormat::kFp8Block) continue;
+      HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 11, trained);
+      ASSERT_TRUE(amx::Applies(w.view));
+      for (int64_t m : {1, 21, 40}) {  // one pass converting on the fly; several passes
+        auto x = MakeTokens(m, s.cols, true, 12);
+        std::vector<int64_t> tokens(m);
+        for (int64_t t = 0; t < m; ++t) tokens[t] = t;
+        std::vector<float> y(m * s.rows, NAN);
+        amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, y.data(), s.rows, pool);
+        ExpectNearReference(w.view, x, m, y);
+      }
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "backend/cpu/linear_amx.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -80,9 +81,53 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// 32 e4m3 codes times a power-of-two scale -> 32 bf16 (exact). e4m3 -> fp16 by moving the bits
-// into place (the exponent bias difference, 2^8, is folded into the scale); e4m3 subnormals
-// become fp16 subnormals of the same value, which the conversion to fp32 handles exactly.
+// Column order inside the tiles. The activation (B) tiles are laid out in the same order, so
+// any fixed permutation of the columns within one scale block leaves every product unchanged and
+// only fixes a (batch-independent) summation order. The orders below are the ones the fast
+// conversions produce directly, which saves a shuffle per 32 weights:
+//   FP8: a chunk pair (2j, 2j + 1) of one 128x128 block, position p = 32 * slot + m, holds
+//        column 16 * (m / 8) + 8 * slot + m % 8 of its 64 (the order of the byte unpacks);
+//   FP4: position m of a chunk holds column 4 * (m % 8) + m / 8 of its 32 (the order of the
+//        per-lane nibble shifts);
+//   bf16, and an FP8 chunk without a pair (the last one when k / 32 is odd): natural order.
+constexpr int Fp8PairColumn(int p) {
+  const int slot = p / 32, m = p % 32;
+  return 16 * (m / 8) + 8 * slot + m % 8;
+}
+constexpr int Fp4ChunkColumn(int m) { return 4 * (m % 8) + m / 8; }
+
+// Tile position m of chunk c holds column base + offsets[m] of w.
+struct ChunkOrder {
+  int64_t base;
+  const uint16_t* offsets;  // [32]
+};
+
+constexpr std::array<uint16_t, 64> MakeOrder(int (*column)(int), int n) {
+  std::array<uint16_t, 64> order{};
+  for (int p = 0; p < n; ++p) order[p] = static_cast<uint16_t>(column(p));
+  return order;
+}
+// Also the word indices of the permutes that produce these orders from natural order.
+alignas(64) constexpr std::array<uint16_t, 64> kFp8PairOrder = MakeOrder(Fp8PairColumn, 64);
+alignas(64) constexpr std::array<uint16_t, 64> kFp4ChunkOrder = MakeOrder(Fp4ChunkColumn, 32);
+alignas(64) constexpr std::array<uint16_t, 64> kNaturalOrder = MakeOrder([](int m) { return m; },
+                                                                         32);
+
+// The order of chunk c's tile positions (chunks = w.cols / 32).
+ChunkOrder TileOrder(WeightFormat format, int64_t chunks, int64_t c) {
+  if (format == WeightFormat::kFp8Block && (c / 2) * 2 + 1 < chunks)
+    return {(c / 2) * 64, kFp8PairOrder.data() + (c % 2) * kTileK};
+  if (format == WeightFormat::kFp4Packed) return {c * kTileK, kFp4ChunkOrder.data()};
+  return {c * kTileK, kNaturalOrder.data()};
+}
+
+inline uint16_t Bf16Bits(float exact) {
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(exact) >> 16);
+}
+
+// 32 e4m3 codes times a power-of-two scale -> 32 bf16 in natural order (exact). e4m3 -> fp16 by
+// moving the bits into place (the exponent bias difference, 2^8, is folded into the scale); e4m3
+// subnormals become fp16 subnormals of the same value, which the conversion to fp32 handles.
 DSINFER_AMX_TARGET void ConvertFp8Chunk(const uint8_t* codes, float scale, uint16_t* out) {
   const __m512i h =
       _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
@@ -95,27 +140,143 @@ DSINFER_AMX_TARGET void ConvertFp8Chunk(const uint8_t* codes, float scale, uint1
   _mm512_storeu_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f1, f0)));
 }
 
-// 16 bytes = 32 e2m1 codes (low nibble first) times a power-of-two scale -> 32 bf16 (exact):
-// the 16-entry table of scaled values is looked up with one word permute.
-DSINFER_AMX_TARGET void ConvertFp4Chunk(const uint8_t* packed, float scale, uint16_t* out) {
-  const __m512 values = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
-                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const __m256i table = reinterpret_cast<__m256i>(
-      _mm512_cvtneps_pbh(_mm512_mul_ps(values, _mm512_set1_ps(scale))));  // 16 bf16
-  const __m512i bytes =
-      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed)));
-  // Word 2i <- low nibble of byte i, word 2i + 1 <- its high nibble: natural element order.
-  const __m512i idx =
-      _mm512_or_si512(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0f)),
-                      _mm512_slli_epi32(_mm512_and_si512(bytes, _mm512_set1_epi32(0xf0)), 12));
-  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(table)));
+// 64 e4m3 codes (a chunk pair) times 2^(scale_code - 127) -> the pair's two tile rows, out0 and
+// out1, in Fp8PairColumn order. Integer-only: the code goes to the high byte of a word, an
+// arithmetic shift puts sign, exponent and mantissa where bf16 wants them (the sign copies landing
+// in the top exponent bits are masked off), and the exponent is rebiased (e4m3 bias 7, bf16 127)
+// and scaled in one add. Exact for normal codes and zeros when every result stays normal
+// (scale_code in [7, 246]); returns false without writing when a code is subnormal (magnitude
+// 1..7, which would need normalising) so the caller takes the general path.
+DSINFER_AMX_TARGET bool ConvertFp8PairFast(const uint8_t* codes, int scale_code, uint16_t* out0,
+                                           uint16_t* out1) {
+  const __m512i x = _mm512_loadu_si512(codes);
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi8(0x7f));
+  if (_mm512_cmplt_epu8_mask(_mm512_sub_epi8(mag, _mm512_set1_epi8(1)), _mm512_set1_epi8(7)) != 0)
+    return false;
+  const __m512i add = _mm512_set1_epi16(static_cast<int16_t>((scale_code - 7) << 7));
+  const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
+  const __m512i magnitude_bits = _mm512_set1_epi16(0x07f0);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, x), 4), keep);
+  __m512i hi = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, x), 4), keep);
+  // Zeros (either sign) keep their bits: only nonzero magnitudes get the exponent add.
+  lo = _mm512_mask_add_epi16(lo, _mm512_test_epi16_mask(lo, magnitude_bits), lo, add);
+  hi = _mm512_mask_add_epi16(hi, _mm512_test_epi16_mask(hi, magnitude_bits), hi, add);
+  _mm512_storeu_si512(out0, lo);
+  _mm512_storeu_si512(out1, hi);
+  return true;
+}
+
+// The general path for a chunk pair: exact values in natural order, then placed in pair order.
+DSINFER_AMX_TARGET void ConvertFp8PairGeneral(const uint8_t* codes, float scale, uint16_t* out0,
+                                              uint16_t* out1) {
+  alignas(64) uint16_t natural[2 * kTileK];
+  ConvertFp8Chunk(codes, scale, natural);
+  ConvertFp8Chunk(codes + kTileK, scale, natural + kTileK);
+  const __m512i lo = _mm512_load_si512(natural), hi = _mm512_load_si512(natural + kTileK);
+  _mm512_storeu_si512(out0,
+                      _mm512_permutex2var_epi16(lo, _mm512_load_si512(kFp8PairOrder.data()), hi));
+  _mm512_storeu_si512(
+      out1, _mm512_permutex2var_epi16(lo, _mm512_load_si512(kFp8PairOrder.data() + kTileK), hi));
+}
+
+// Per-word right shifts: with the 16 chunk bytes broadcast to every 128-bit lane, word j of lane l
+// holds bytes 2j and 2j + 1 (elements 4j .. 4j + 3); shifting it right by 4 l leaves element
+// 4j + l in its low nibble (Fp4ChunkColumn).
+alignas(64) constexpr std::array<uint16_t, 32> kFp4Shifts = [] {
+  std::array<uint16_t, 32> shifts{};
+  for (int m = 0; m < 32; ++m) shifts[m] = static_cast<uint16_t>(4 * (m / 8));
+  return shifts;
+}();
+// bf16 bits of the e2m1 codes 0..15, twice (the index's bit 4 is the next element's); 0 and 8
+// are zeros.
+alignas(64) constexpr std::array<uint16_t, 32> kFp4Table = {
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80,
+    0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0, 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040,
+    0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+constexpr __mmask32 kFp4NonzeroEntries = 0xfefefefe;
+
+// 16 bytes = 32 e2m1 codes (low nibble first) times 2^(e - 127) -> 32 bf16 in Fp4ChunkColumn
+// order (exact when every scaled value stays normal, e in [2, 252]). exponent_add holds
+// (e - 127) << 7 in both halves. The chunk is broadcast to all four 128-bit lanes; per-word
+// shifts move each output word's nibble to its low bits (bit 4 is the next nibble's, which the
+// duplicated 32-entry table ignores); a word permute looks up the bf16 value in a table whose
+// nonzero entries had the scale added to their exponent. The zero entries become +0, also for
+// the code -0: the tile unit's sums start at +0, so a -0 weight contributes exactly what +0 does.
+DSINFER_AMX_TARGET inline void ConvertFp4ChunkFast(const uint8_t* packed, uint32_t exponent_add,
+                                                   uint16_t* out) {
+  const __m512i x =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed)));
+  const __m512i idx = _mm512_srlv_epi16(x, _mm512_load_si512(kFp4Shifts.data()));
+  const __m512i scaled =
+      _mm512_maskz_add_epi16(kFp4NonzeroEntries, _mm512_load_si512(kFp4Table.data()),
+                             _mm512_set1_epi32(static_cast<int32_t>(exponent_add)));
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(idx, scaled));
+}
+
+// Any scale code: the fast path when it applies, else exact values one by one.
+DSINFER_AMX_TARGET void ConvertFp4Chunk(const uint8_t* packed, int scale_code, uint16_t* out) {
+  if (scale_code >= 2 && scale_code <= 252) {
+    const uint32_t add = static_cast<uint16_t>((scale_code - 127) << 7);
+    ConvertFp4ChunkFast(packed, add | add << 16, out);
+    return;
+  }
+  const float scale = E8M0ToF32(static_cast<uint8_t>(scale_code));
+  for (int m = 0; m < kTileK; ++m) {
+    const int col = Fp4ChunkColumn(m);
+    const uint8_t byte = packed[col / 2];
+    out[m] = Bf16Bits(E2M1ToF32(col % 2 ? byte >> 4 : byte & 0xf) * scale);
+  }
+}
+
+// The FP4 exponent adds ((e - 127) << 7 in both halves of a dword) of weight rows [r0, r0 + nr),
+// all chunks: adds [nr][chunks]. Returns false, leaving adds unusable, when a scale code is
+// outside the fast path's range [2, 252]. One vector pass per row tile, so the conversion loop
+// only broadcasts a dword from memory per chunk.
+DSINFER_AMX_TARGET bool Fp4ExponentAdds(const WeightMatrix& w, int64_t r0, int nr, int64_t chunks,
+                                        uint32_t* adds) {
+  __mmask16 bad = 0;
+  for (int i = 0; i < nr; ++i) {
+    const uint8_t* codes = w.scales + (r0 + i) * w.scale_cols;
+    uint32_t* dst = adds + i * chunks;
+    for (int64_t c = 0; c < chunks; c += 16) {
+      const __mmask16 live = static_cast<__mmask16>(
+          chunks - c >= 16 ? 0xffff : (1u << (chunks - c)) - 1);  // no read past the row
+      const __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, codes + c));
+      // e in [2, 252] iff e - 2 <= 250 as unsigned.
+      bad |= _mm512_mask_cmpgt_epu32_mask(live, _mm512_sub_epi32(e, _mm512_set1_epi32(2)),
+                                          _mm512_set1_epi32(250));
+      const __m512i add =
+          _mm512_and_si512(_mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(127)), 7),
+                           _mm512_set1_epi32(0xffff));
+      _mm512_mask_storeu_epi32(dst + c, live, _mm512_or_si512(add, _mm512_slli_epi32(add, 16)));
+    }
+  }
+  return bad == 0;
+}
+
+// Software prefetch for a row tile's 16 streams, which the hardware prefetcher picks up late:
+// `lines` cache lines of row r at column col + kPrefetchCols, or, past the row's end, of the same
+// row of the next row tile (where this thread most likely goes next).
+inline void PrefetchAhead(const WeightMatrix& w, int64_t r, int64_t col, int lines) {
+  const int64_t k = w.cols;
+  int64_t element = r * k + col + kPrefetchCols;
+  if (col + kPrefetchCols >= k) element += (kTileRows - 1) * k;
+  if (element >= w.rows * k) return;
+  const int64_t byte = w.format == WeightFormat::kFp4Packed ? element / 2
+                       : w.format == WeightFormat::kBF16    ? element * 2
+                                                            : element;
+  for (int l = 0; l < lines; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(w.data + byte + 64 * l), _MM_HINT_T0);
 }
 
 // Columns [128b, 128b + 32 n_chunks) of weight rows [r0, r0 + nr) as n_chunks (<= 4) bf16 A
-// tiles at out + j * 512, each [16 rows][32] (rows >= nr zero). 128 columns per row per call:
-// one FP8 scale, four FP4 scales in one word, whole cache lines.
+// tiles at out + j * 512, each [16 rows][32] in TileOrder (rows >= nr zero). 128 columns
+// per row per call: one FP8 scale, four FP4 scales, whole cache lines. fp4_adds: the row tile's
+// Fp4ExponentAdds, or null when they did not apply.
 DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, int64_t b,
-                                     int n_chunks, uint16_t* __restrict out) {
+                                     int n_chunks, const uint32_t* fp4_adds,
+                                     uint16_t* __restrict out) {
   const WeightFormat format = w.format;
   const uint8_t* __restrict data = w.data;
   const int64_t k = w.cols, col0 = b * kBlockCols;
@@ -128,19 +289,32 @@ DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, 
     } else if (format == WeightFormat::kFp8Block) {
       const uint8_t* row = data + r * k + col0;
       // 16 rows are 16 streams the hardware prefetcher picks up late; ask for lines ahead.
-      if (col0 + kPrefetchCols < k) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchCols), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchCols + 64), _MM_HINT_T0);
+      PrefetchAhead(w, r, col0, 2);
+      const int scale_code = w.scales[(r / 128) * w.scale_cols + col0 / 128];  // 128x128 block
+      const bool fast_scale = scale_code >= 7 && scale_code <= 246;
+      int j = 0;
+      for (; j + 2 <= n_chunks; j += 2) {
+        uint16_t* out0 = dst + j * kTileElems;
+        uint16_t* out1 = out0 + kTileElems;
+        if (!fast_scale || !ConvertFp8PairFast(row + j * kTileK, scale_code, out0, out1))
+          ConvertFp8PairGeneral(row + j * kTileK, E8M0ToF32(static_cast<uint8_t>(scale_code)), out0,
+                                out1);
       }
-      const float s = w.Scale(r, col0);  // one scale per 128x128 block
-      for (int j = 0; j < n_chunks; ++j) ConvertFp8Chunk(row + j * kTileK, s, dst + j * kTileElems);
+      if (j < n_chunks)  // the last chunk of a row with an odd chunk count: natural order
+        ConvertFp8Chunk(row + j * kTileK, E8M0ToF32(static_cast<uint8_t>(scale_code)),
+                        dst + j * kTileElems);
     } else {  // kFp4Packed: one scale per 32 columns
       const uint8_t* row = data + r * (k / 2) + col0 / 2;
-      if (col0 + kPrefetchCols < k)
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchCols / 2), _MM_HINT_T0);
+      PrefetchAhead(w, r, col0, 1);
+      if (fp4_adds != nullptr) {
+        const uint32_t* adds = fp4_adds + i * (k / kTileK) + col0 / kTileK;
+        for (int j = 0; j < n_chunks; ++j)
+          ConvertFp4ChunkFast(row + j * (kTileK / 2), adds[j], dst + j * kTileElems);
+        continue;
+      }
       const uint8_t* scale_codes = w.scales + r * w.scale_cols + col0 / 32;
       for (int j = 0; j < n_chunks; ++j)
-        ConvertFp4Chunk(row + j * (kTileK / 2), E8M0ToF32(scale_codes[j]), dst + j * kTileElems);
+        ConvertFp4Chunk(row + j * (kTileK / 2), scale_codes[j], dst + j * kTileElems);
     }
   }
   if (nr < kTileRows)
@@ -148,69 +322,155 @@ DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, 
       std::memset(out + j * kTileElems + nr * kTileK, 0, (kTileRows - nr) * kTileK * 2);
 }
 
-// One pass of a weight row tile over NG (1 or 2) token groups of B tiles (xg [group][chunk]
-// [16 k-pairs][width tokens][2], b_elems = 32 * width bf16 per tile). Each group accumulates even
-// chunks in C tile 2g and odd chunks in C tile 2g + 1: two independent chains hide the tile unit's
-// latency, and the fixed split keeps every element's summation order the same for any batch.
-// kConvert: abuf is a ring of two 4-chunk halves and block b + 1 is converted while block b's tile
-// ops run (the conversion overlaps the tile unit, and tile loads, which do not forward from the
-// store buffer, read stores long retired); otherwise abuf already holds the whole row tile
-// [chunks][512]. Tile numbers are immediates, hence the templates.
-template <int NG, bool kConvert>
-DSINFER_AMX_TARGET void TilePass(const WeightMatrix& w, int64_t r0, int nr, uint16_t* abuf,
-                                 const uint16_t* xg, int64_t chunks, int width,
-                                 float (*cbuf)[kTileRows * kTileTokens]) {
+constexpr int kPerBlock = kBlockCols / kTileK;  // 4 chunks per block
+
+// The tile ops of one block (nc chunks from chunk c0) of a row tile against NG (1 or 2) token
+// groups of B tiles (xg [group][chunk][16 k-pairs][width tokens][2], b_elems = 32 * width bf16
+// per tile). A tile of chunk c0 + j: a + j * a_step, rows a_stride bytes apart. Each group
+// accumulates even chunks in C tile 2g and odd chunks in C tile 2g + 1: two independent chains
+// hide the tile unit's latency, and the fixed split keeps every element's summation order the
+// same for any batch. Tile numbers are immediates, hence the template.
+template <int NG>
+DSINFER_AMX_TARGET inline void BlockTileOps(const uint16_t* a, int64_t a_step, int64_t a_stride,
+                                            const uint16_t* xg, int64_t chunks, int64_t c0, int nc,
+                                            int width) {
   const int64_t b_elems = int64_t{32} * width;
-  const int b_stride = 4 * width;                 // bytes per B tile row, and per C tile row
-  constexpr int kPerBlock = kBlockCols / kTileK;  // 4 chunks
-  const int64_t n_blocks = (chunks + kPerBlock - 1) / kPerBlock;
-  auto block_chunks = [&](int64_t b) {
-    return static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock));
-  };
+  const int b_stride = 4 * width;  // bytes per B tile row
+  for (int j = 0; j < nc; ++j) {
+    const int64_t c = c0 + j;
+    const uint16_t* aj = a + j * a_step;
+    const uint16_t* b0 = xg + c * b_elems;
+    if (c % 2 == 0) {
+      _tile_loadd(4, aj, a_stride);
+      _tile_loadd(5, b0, b_stride);
+      _tile_dpbf16ps(0, 4, 5);
+      if constexpr (NG > 1) {
+        _tile_loadd(6, b0 + chunks * b_elems, b_stride);
+        _tile_dpbf16ps(2, 4, 6);
+      }
+    } else if constexpr (NG == 1) {  // a B tile of its own: no wait on the even op's reads
+      _tile_loadd(7, aj, a_stride);
+      _tile_loadd(6, b0, b_stride);
+      _tile_dpbf16ps(1, 7, 6);
+    } else {
+      _tile_loadd(7, aj, a_stride);
+      _tile_loadd(5, b0, b_stride);
+      _tile_dpbf16ps(1, 7, 5);
+      _tile_loadd(6, b0 + chunks * b_elems, b_stride);
+      _tile_dpbf16ps(3, 7, 6);
+    }
+  }
+}
+
+template <int NG>
+DSINFER_AMX_TARGET inline void ZeroAccumulators() {
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (NG > 1) {
     _tile_zero(2);
     _tile_zero(3);
   }
-  if constexpr (kConvert) ConvertBlock(w, r0, nr, 0, block_chunks(0), abuf);
+}
+
+template <int NG>
+DSINFER_AMX_TARGET inline void StoreAccumulators(int width,
+                                                 float (*cbuf)[kTileRows * kTileTokens]) {
+  const int c_stride = 4 * width;  // bytes per C tile row
+  _tile_stored(0, cbuf[0], c_stride);
+  _tile_stored(1, cbuf[1], c_stride);
+  if constexpr (NG > 1) {
+    _tile_stored(2, cbuf[2], c_stride);
+    _tile_stored(3, cbuf[3], c_stride);
+  }
+}
+
+// The row tile's results: y[token, r0 - row_begin + n] = even chain + odd chain, for the ng groups
+// of `width` token slots starting at group g0.
+void EmitRowTile(const float (*cbuf)[kTileRows * kTileTokens], int ng, int64_t g0, int width,
+                 int nr, std::span<const int64_t> tokens, float* y, int64_t ldy, int64_t y_col) {
+  const int64_t n_tok = static_cast<int64_t>(tokens.size());
+  for (int g = 0; g < ng; ++g)
+    for (int j = 0; j < width; ++j) {
+      const int64_t slot = (g0 + g) * width + j;
+      if (slot >= n_tok) return;
+      float* yt = y + tokens[slot] * ldy + y_col;
+      for (int n = 0; n < nr; ++n)
+        yt[n] = cbuf[2 * g][n * width + j] + cbuf[2 * g + 1][n * width + j];
+    }
+}
+
+// One pass of a row tile whose A tiles need no conversion on the fly: bf16 weights read straight
+// from the matrix (kDirect, 16 full rows), or a row tile already converted into abuf
+// [chunks][512] (several passes over one row tile).
+template <int NG, bool kDirect>
+DSINFER_AMX_TARGET void TilePass(const WeightMatrix& w, int64_t r0, const uint16_t* abuf,
+                                 const uint16_t* xg, int64_t chunks, int width,
+                                 float (*cbuf)[kTileRows * kTileTokens]) {
+  const int64_t n_blocks = (chunks + kPerBlock - 1) / kPerBlock;
+  const uint16_t* direct = reinterpret_cast<const uint16_t*>(w.data) + r0 * w.cols;
+  ZeroAccumulators<NG>();
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint16_t* a_block = abuf + (kConvert ? (b % 2) * kPerBlock : b * kPerBlock) * kTileElems;
-    if constexpr (kConvert)
-      if (b + 1 < n_blocks)
-        ConvertBlock(w, r0, nr, b + 1, block_chunks(b + 1),
-                     abuf + ((b + 1) % 2) * kPerBlock * kTileElems);
-    const int nc = block_chunks(b);
-    for (int j = 0; j < nc; ++j) {
-      const int64_t c = b * kPerBlock + j;
-      const uint16_t* a = a_block + j * kTileElems;
-      const uint16_t* b0 = xg + c * b_elems;
-      if (c % 2 == 0) {
-        _tile_loadd(4, a, 64);
-        _tile_loadd(5, b0, b_stride);
-        _tile_dpbf16ps(0, 4, 5);
-        if constexpr (NG > 1) {
-          _tile_loadd(6, b0 + chunks * b_elems, b_stride);
-          _tile_dpbf16ps(2, 4, 6);
-        }
-      } else if constexpr (NG == 1) {  // a B tile of its own: no wait on the even op's reads
-        _tile_loadd(7, a, 64);
-        _tile_loadd(6, b0, b_stride);
-        _tile_dpbf16ps(1, 7, 6);
-      } else {
-        _tile_loadd(7, a, 64);
-        _tile_loadd(5, b0, b_stride);
-        _tile_dpbf16ps(1, 7, 5);
-        _tile_loadd(6, b0 + chunks * b_elems, b_stride);
-        _tile_dpbf16ps(3, 7, 6);
-      }
+    const int nc = static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock));
+    if constexpr (kDirect) {
+      for (int i = 0; i < kTileRows; ++i) PrefetchAhead(w, r0 + i, b * kBlockCols, 2);
+      BlockTileOps<NG>(direct + b * kBlockCols, kTileK, w.cols * 2, xg, chunks, b * kPerBlock, nc,
+                       width);
+    } else {
+      BlockTileOps<NG>(abuf + b * kPerBlock * kTileElems, kTileElems, 64, xg, chunks, b * kPerBlock,
+                       nc, width);
     }
   }
-  _tile_stored(0, cbuf[0], b_stride);
-  _tile_stored(1, cbuf[1], b_stride);
-  if constexpr (NG > 1) {
-    _tile_stored(2, cbuf[2], b_stride);
-    _tile_stored(3, cbuf[3], b_stride);
+  StoreAccumulators<NG>(width, cbuf);
+}
+
+// Row tiles [tile_begin, tile_end) of FP8/FP4 weights (or a ragged bf16 tile) against all tokens
+// in one pass each (ng = 1 or 2 groups), converting on the fly. The blocks of consecutive row
+// tiles form one stream: block s + kLookahead is converted into a ring while block s's tile ops
+// run, so the conversion overlaps the tile unit across row tile boundaries too, and tile loads
+// (which do not forward from the store buffer) read stores that have long retired.
+constexpr int kLookahead = 2;
+template <int NG>
+DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
+                                       int64_t tile_begin, int64_t tile_end, const uint16_t* xv,
+                                       int64_t chunks, int width, std::span<const int64_t> tokens,
+                                       float* y, int64_t ldy, uint16_t* ring,
+                                       uint32_t* fp4_adds /* [2][16][chunks] */) {
+  const int64_t n_blocks = (chunks + kPerBlock - 1) / kPerBlock;
+  const int64_t n_steps = (tile_end - tile_begin) * n_blocks;
+  const bool fp4 = w.format == WeightFormat::kFp4Packed;
+  bool adds_valid[2] = {false, false};  // per tile parity: Fp4ExponentAdds applied
+  auto tile_rows = [&](int64_t t, int64_t* r0) {
+    *r0 = row_begin + t * kTileRows;
+    return static_cast<int>(std::min<int64_t>(kTileRows, row_end - *r0));
+  };
+  auto convert = [&](int64_t step) {
+    const int64_t t = tile_begin + step / n_blocks, b = step % n_blocks;
+    int64_t r0 = 0;
+    const int nr = tile_rows(t, &r0);
+    uint32_t* adds = fp4_adds + (t % 2) * kTileRows * chunks;
+    // A tile's adds are made at its first block; the previous tile's conversions are all done
+    // by then, so two buffers (by tile parity) suffice.
+    if (fp4 && b == 0) adds_valid[t % 2] = Fp4ExponentAdds(w, r0, nr, chunks, adds);
+    ConvertBlock(w, r0, nr, b,
+                 static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)),
+                 fp4 && adds_valid[t % 2] ? adds : nullptr,
+                 ring + (step % (kLookahead + 1)) * kPerBlock * kTileElems);
+  };
+  alignas(64) float cbuf[2 * kGroupsPerPass][kTileRows * kTileTokens];
+  for (int64_t s = 0; s < std::min<int64_t>(kLookahead, n_steps); ++s) convert(s);
+  for (int64_t s = 0; s < n_steps; ++s) {
+    if (s + kLookahead < n_steps) convert(s + kLookahead);
+    const int64_t t = tile_begin + s / n_blocks, b = s % n_blocks;
+    if (b == 0) ZeroAccumulators<NG>();
+    BlockTileOps<NG>(ring + (s % (kLookahead + 1)) * kPerBlock * kTileElems, kTileElems, 64, xv,
+                     chunks, b * kPerBlock,
+                     static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)), width);
+    if (b == n_blocks - 1) {
+      StoreAccumulators<NG>(width, cbuf);
+      int64_t r0 = 0;
+      const int nr = tile_rows(t, &r0);
+      EmitRowTile(cbuf, NG, 0, width, nr, tokens, y, ldy, r0 - row_begin);
+    }
   }
 }
 
@@ -231,37 +491,57 @@ DSINFER_AMX_TARGET void RunRowTiles(const WeightMatrix& w, int64_t row_begin, in
   const int64_t chunks = w.cols / kTileK;
   const int64_t n_tok = static_cast<int64_t>(tokens.size());
   const int64_t n_groups = (n_tok + width - 1) / width;
-  // Up to 2 groups (32 tokens) go in one pass converting on the fly; more convert the row tile
-  // once into abuf and reuse it for every pass.
+  // Up to 2 groups (32 tokens) go in one pass per row tile converting on the fly; more convert
+  // each row tile once into abuf and reuse it for every pass. Full bf16 row tiles need no
+  // conversion at all.
   const bool one_pass = n_groups <= kGroupsPerPass;
-  std::vector<uint16_t> abuf((one_pass ? 2 * kBlockCols / kTileK : chunks) *
+  const bool bf16 = w.format == WeightFormat::kBF16;
+  std::vector<uint16_t> abuf((one_pass ? (kLookahead + 1) * kPerBlock : chunks) *
                              kTileElems);  // bf16 A tiles
+  std::vector<uint32_t> fp4_adds(w.format == WeightFormat::kFp4Packed ? 2 * kTileRows * chunks
+                                                                      : 0);  // [2][16][chunks]
+  if (one_pass && !bf16) {
+    if (n_groups == 1)
+      StreamRowTiles<1>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
+                        ldy, abuf.data(), fp4_adds.data());
+    else
+      StreamRowTiles<2>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
+                        ldy, abuf.data(), fp4_adds.data());
+    _tile_release();
+    return;
+  }
   alignas(64) float cbuf[2 * kGroupsPerPass][kTileRows * kTileTokens];
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const int64_t r0 = row_begin + t * kTileRows;
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, row_end - r0));
-    if (!one_pass)
-      for (int64_t c0 = 0; c0 < chunks; c0 += kBlockCols / kTileK)
-        ConvertBlock(w, r0, nr, c0 / (kBlockCols / kTileK),
-                     static_cast<int>(std::min<int64_t>(kBlockCols / kTileK, chunks - c0)),
-                     abuf.data() + c0 * kTileElems);
+    if (one_pass && nr < kTileRows) {  // the ragged bf16 tile: copied through the ring
+      const int ng = static_cast<int>(n_groups);
+      ng == 1 ? StreamRowTiles<1>(w, row_begin, row_end, t, t + 1, xv, chunks, width, tokens, y,
+                                  ldy, abuf.data(), fp4_adds.data())
+              : StreamRowTiles<2>(w, row_begin, row_end, t, t + 1, xv, chunks, width, tokens, y,
+                                  ldy, abuf.data(), fp4_adds.data());
+      continue;
+    }
+    const bool direct = bf16 && nr == kTileRows;
+    if (!direct) {
+      const bool fp4 = w.format == WeightFormat::kFp4Packed;
+      const uint32_t* adds =
+          fp4 && Fp4ExponentAdds(w, r0, nr, chunks, fp4_adds.data()) ? fp4_adds.data() : nullptr;
+      for (int64_t b = 0; b * kPerBlock < chunks; ++b)
+        ConvertBlock(w, r0, nr, b,
+                     static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)), adds,
+                     abuf.data() + b * kPerBlock * kTileElems);
+    }
     for (int64_t g0 = 0; g0 < n_groups; g0 += kGroupsPerPass) {
       const int ng = static_cast<int>(std::min<int64_t>(kGroupsPerPass, n_groups - g0));
       const uint16_t* xg = xv + g0 * chunks * 32 * width;
-      if (one_pass)
-        ng == 1 ? TilePass<1, true>(w, r0, nr, abuf.data(), xg, chunks, width, cbuf)
-                : TilePass<2, true>(w, r0, nr, abuf.data(), xg, chunks, width, cbuf);
+      if (direct)
+        ng == 1 ? TilePass<1, true>(w, r0, nullptr, xg, chunks, width, cbuf)
+                : TilePass<2, true>(w, r0, nullptr, xg, chunks, width, cbuf);
       else
-        ng == 1 ? TilePass<1, false>(w, r0, nr, abuf.data(), xg, chunks, width, cbuf)
-                : TilePass<2, false>(w, r0, nr, abuf.data(), xg, chunks, width, cbuf);
-      for (int g = 0; g < ng; ++g)
-        for (int j = 0; j < width; ++j) {
-          const int64_t slot = (g0 + g) * width + j;
-          if (slot >= n_tok) break;
-          float* yt = y + tokens[slot] * ldy + (r0 - row_begin);
-          for (int n = 0; n < nr; ++n)
-            yt[n] = cbuf[2 * g][n * width + j] + cbuf[2 * g + 1][n * width + j];
-        }
+        ng == 1 ? TilePass<1, false>(w, r0, abuf.data(), xg, chunks, width, cbuf)
+                : TilePass<2, false>(w, r0, abuf.data(), xg, chunks, width, cbuf);
+      EmitRowTile(cbuf, ng, g0, width, nr, tokens, y, ldy, r0 - row_begin);
     }
   }
   _tile_release();
@@ -317,18 +597,18 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   const int64_t n_groups = (n_tok + width - 1) / width;
   const int64_t b_elems = int64_t{32} * width;  // bf16 per B tile: 16 k-pairs x width x 2
   // B tiles: xv [group][chunk][16 k-pairs][width tokens][2] bf16 (the tile unit's pair
-  // layout); unused token slots of the last group stay zero.
+  // layout) in TileOrder; unused token slots of the last group stay zero.
   std::vector<uint16_t> xv(n_groups * chunks * b_elems, 0);
   for (int64_t slot = 0; slot < n_tok; ++slot) {
     const float* xr = x + tokens[slot] * k;
     uint16_t* base = xv.data() + (slot / width) * chunks * b_elems + (slot % width) * 2;
     for (int64_t c = 0; c < chunks; ++c) {
       uint16_t* dst = base + c * b_elems;
-      const float* src = xr + c * kTileK;
+      const ChunkOrder order = TileOrder(w.format, chunks, c);
+      const float* src = xr + order.base;
       for (int kk = 0; kk < kTileK / 2; ++kk) {
-        dst[kk * width * 2] = static_cast<uint16_t>(std::bit_cast<uint32_t>(src[2 * kk]) >> 16);
-        dst[kk * width * 2 + 1] =
-            static_cast<uint16_t>(std::bit_cast<uint32_t>(src[2 * kk + 1]) >> 16);
+        dst[kk * width * 2] = Bf16Bits(src[order.offsets[2 * kk]]);
+        dst[kk * width * 2 + 1] = Bf16Bits(src[order.offsets[2 * kk + 1]]);
       }
     }
   }
