@@ -81,24 +81,38 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   // Group (token, slot) pairs by expert: one pass over each expert's weights.
   std::vector<std::vector<int64_t>> by_expert(E);
   for (int64_t i = 0; i < T * K; ++i) by_expert[chosen[i]].push_back(i);
-  std::vector<float> acc(T * D, 0.0f);  // fp32 accumulation of routed outputs
-  std::vector<float> xe, we, ye;
-  for (int e = 0; e < E; ++e) {
+  std::vector<int> used;  // experts with tokens, ascending
+  for (int e = 0; e < E; ++e)
+    if (!by_expert[e].empty()) used.push_back(e);
+  // Experts run concurrently, one per thread with single-threaded matmuls: a routed expert gets
+  // a token or two in decode, where splitting its three small matmuls across the pool costs a
+  // synchronisation each. Each element is computed by the same kernel either way, and outputs
+  // are summed in expert order below, so results do not depend on the schedule.
+  std::vector<std::vector<float>> outputs(used.size());  // [n_used][n, D]
+  pool_.ParallelFor(static_cast<int64_t>(used.size()), [&](int64_t u) {
+    const int e = used[u];
     const auto& slots = by_expert[e];
-    if (slots.empty()) continue;
-    int64_t n = static_cast<int64_t>(slots.size());
-    xe.resize(n * D), we.resize(n), ye.resize(n * D);
+    const int64_t n = static_cast<int64_t>(slots.size());
+    std::vector<float> xe(n * D), we(n);  // [n, D], [n]
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(xq.data() + (slots[i] / K) * D, D, xe.data() + i * D);
       we[i] = weight[slots[i]];
     }
-    Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, pool_, ye.data());
+    ThreadPool serial(1);  // no worker threads: runs on this task's thread
+    outputs[u].resize(n * D);
+    Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, serial,
+           outputs[u].data());
+  });
+  std::vector<float> acc(T * D, 0.0f);  // fp32 accumulation of routed outputs
+  for (size_t u = 0; u < used.size(); ++u) {
+    const int e = used[u];
+    const auto& slots = by_expert[e];
     step_stats_.routed_expert_bytes +=
         lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
     step_stats_.n_routed_experts_used++;
-    for (int64_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < slots.size(); ++i) {
       float* dst = acc.data() + (slots[i] / K) * D;
-      const float* src = ye.data() + i * D;
+      const float* src = outputs[u].data() + i * D;
       for (int64_t j = 0; j < D; ++j) dst[j] += src[j];
     }
   }
