@@ -2,7 +2,11 @@
 // bandwidth-bound instead of compute-bound. One TDPBF16PS multiplies a 16x32 bf16 weight tile by
 // a 32x16 bf16 activation tile (8192 multiply-adds); measured on this project's Sapphire Rapids
 // VM it runs ~55x the AVX-512 FP32 FMA rate, so the cost left is converting the stored weights
-// (e4m3 / e2m1 with e8m0 scales, bf16) into bf16 tiles.
+// (e4m3 / e2m1 with e8m0 scales) into bf16 tiles. bf16 weights need no conversion: full row
+// tiles are loaded straight from the matrix. FP8 and FP4 are converted with integer ops (an
+// exponent add replaces the multiply by the scale), streamed across row tiles two blocks ahead
+// of the tile ops, and placed in a fixed permuted column order inside each scale block (the
+// order the conversion produces; the activation tiles use the same order), see TileOrder.
 //
 // Exactness: the path is used only for token rows whose fp32 values are exactly bf16 (the
 // official numerics feed FP8/FP4 linears e4m3 values times power-of-two scales, and bf16-rounded
@@ -16,9 +20,10 @@
 // occur in trained checkpoints, and would contribute zero instead of < 2^-126 per product.
 //
 // Invariance: each output element (weight row, token) is accumulated by the same sequence of
-// tile operations over k whatever other rows and tokens share its tiles (checked on the hardware:
-// moving a row or token to another tile position, or changing its neighbours, leaves it
-// bit-identical), so results do not depend on batch composition or chunking.
+// tile operations over k (in TileOrder, fixed per weight format) whatever other rows and tokens
+// share its tiles (checked on the hardware: moving a row or token to another tile position, or
+// changing its neighbours, leaves it bit-identical), so results do not depend on batch
+// composition or chunking.
 #pragma once
 
 #include <cstdint>
