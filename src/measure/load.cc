@@ -337,7 +337,7 @@ std::string CsvHeader() {
   return "concurrency,request_rate,completed,failed,duration_s,request_throughput,"
          "output_token_throughput,total_token_throughput,request_goodput,ttft_mean_ms,"
          "ttft_median_ms,ttft_p99_ms,tpot_mean_ms,tpot_median_ms,tpot_p99_ms,itl_median_ms,"
-         "itl_p99_ms,e2e_mean_ms,e2e_median_ms,e2e_p99_ms\n";
+         "itl_p99_ms,e2e_mean_ms,e2e_median_ms,e2e_p99_ms,mean_input_tokens,mean_output_tokens\n";
 }
 
 std::string LevelCsv(const LoadConfig& cfg, const LevelResult& level) {
@@ -346,12 +346,14 @@ std::string LevelCsv(const LoadConfig& cfg, const LevelResult& level) {
   char buf[1024];
   std::snprintf(buf, sizeof(buf),
                 "%d,%g,%d,%d,%.3f,%.4f,%.3f,%.3f,%.4f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,"
-                "%.2f,%.2f\n",
+                "%.2f,%.2f,%.1f,%.1f\n",
                 level.concurrency, cfg.request_rate, s.completed, s.failed, level.duration_s,
                 s.completed / dur, static_cast<double>(s.output_tokens) / dur,
                 static_cast<double>(s.input_tokens + s.output_tokens) / dur, s.good / dur,
                 s.ttft.mean, s.ttft.median, s.ttft.p99, s.tpot.mean, s.tpot.median, s.tpot.p99,
-                s.itl.median, s.itl.p99, s.e2e.mean, s.e2e.median, s.e2e.p99);
+                s.itl.median, s.itl.p99, s.e2e.mean, s.e2e.median, s.e2e.p99,
+                s.completed > 0 ? static_cast<double>(s.input_tokens) / s.completed : 0.0,
+                s.completed > 0 ? static_cast<double>(s.output_tokens) / s.completed : 0.0);
   return buf;
 }
 

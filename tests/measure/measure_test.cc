@@ -1,5 +1,6 @@
 // Unit tests of the measure layer: percentile statistics, the SSE reader under split reads, the
-// Prometheus histogram parser, and the compare verdicts on synthetic logprob data.
+// Prometheus histogram parser, the compare verdicts on synthetic logprob data, and the bench
+// serve CSV row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "measure/compare.h"
+#include "measure/load.h"
 #include "measure/prometheus.h"
 #include "measure/sse.h"
 #include "measure/stats.h"
@@ -60,6 +62,40 @@ TEST(Sse, ByteByByteAndNoDoneYet) {
   ASSERT_EQ(all.size(), 1u);  // "y" has no terminating blank line yet
   EXPECT_EQ(all[0], "x");
   EXPECT_FALSE(r.done());
+}
+
+// One CSV field per header column; the realized mean lengths count completed requests only.
+TEST(LoadCsv, RowMatchesHeaderAndCarriesMeanLengths) {
+  LoadConfig cfg;
+  LevelResult level;
+  level.concurrency = 4;
+  level.duration_s = 2.0;
+  for (int i = 0; i < 3; ++i) {
+    RequestRecord r;
+    r.ok = i < 2;  // the third failed: its tokens are not part of the means
+    r.prompt_tokens = 100 + 20 * i;
+    r.output_tokens = 10 + 4 * i;
+    r.ttft_s = 0.1, r.e2e_s = 0.5;
+    level.records.push_back(r);
+  }
+  const std::string header = CsvHeader(), row = LevelCsv(cfg, level);
+  auto fields = [](const std::string& line) {
+    std::vector<std::string> out(1);
+    for (char ch : line) {
+      if (ch == '\n') break;
+      if (ch == ',')
+        out.emplace_back();
+      else
+        out.back() += ch;
+    }
+    return out;
+  };
+  const auto names = fields(header), values = fields(row);
+  ASSERT_EQ(names.size(), values.size()) << header << row;
+  EXPECT_EQ(names[names.size() - 2], "mean_input_tokens");
+  EXPECT_EQ(values[values.size() - 2], "110.0");  // (100 + 120) / 2
+  EXPECT_EQ(names.back(), "mean_output_tokens");
+  EXPECT_EQ(values.back(), "12.0");  // (10 + 14) / 2
 }
 
 TEST(Prometheus, ParsesHistogramsAndQuantileBucket) {
