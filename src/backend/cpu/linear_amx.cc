@@ -255,6 +255,13 @@ DSINFER_AMX_TARGET bool Fp4ExponentAdds(const WeightMatrix& w, int64_t r0, int n
   return bad == 0;
 }
 
+// Byte offset of element `element` (row-major index) in w's data.
+inline int64_t ElementByte(const WeightMatrix& w, int64_t element) {
+  return w.format == WeightFormat::kFp4Packed ? element / 2
+         : w.format == WeightFormat::kBF16    ? element * 2
+                                              : element;
+}
+
 // Software prefetch for a row tile's 16 streams, which the hardware prefetcher picks up late:
 // `lines` cache lines of row r at column col + kPrefetchCols, or, past the row's end, of the same
 // row of the next row tile (where this thread most likely goes next).
@@ -263,9 +270,7 @@ inline void PrefetchAhead(const WeightMatrix& w, int64_t r, int64_t col, int lin
   int64_t element = r * k + col + kPrefetchCols;
   if (col + kPrefetchCols >= k) element += (kTileRows - 1) * k;
   if (element >= w.rows * k) return;
-  const int64_t byte = w.format == WeightFormat::kFp4Packed ? element / 2
-                       : w.format == WeightFormat::kBF16    ? element * 2
-                                                            : element;
+  const int64_t byte = ElementByte(w, element);
   for (int l = 0; l < lines; ++l)
     _mm_prefetch(reinterpret_cast<const char*>(w.data + byte + 64 * l), _MM_HINT_T0);
 }
@@ -323,6 +328,11 @@ DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, 
 }
 
 constexpr int kPerBlock = kBlockCols / kTileK;  // 4 chunks per block
+
+// Chunks in block b of a row with `chunks` chunks (the last block may be short).
+inline int BlockChunks(int64_t chunks, int64_t b) {
+  return static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock));
+}
 
 // The tile ops of one block (nc chunks from chunk c0) of a row tile against NG (1 or 2) token
 // groups of B tiles (xg [group][chunk][16 k-pairs][width tokens][2], b_elems = 32 * width bf16
@@ -410,7 +420,7 @@ DSINFER_AMX_TARGET void TilePass(const WeightMatrix& w, int64_t r0, const uint16
   const uint16_t* direct = reinterpret_cast<const uint16_t*>(w.data) + r0 * w.cols;
   ZeroAccumulators<NG>();
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const int nc = static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock));
+    const int nc = BlockChunks(chunks, b);
     if constexpr (kDirect) {
       for (int i = 0; i < kTileRows; ++i) PrefetchAhead(w, r0 + i, b * kBlockCols, 2);
       BlockTileOps<NG>(direct + b * kBlockCols, kTileK, w.cols * 2, xg, chunks, b * kPerBlock, nc,
@@ -451,17 +461,13 @@ DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin,
     // A tile's adds are made at its first block; the previous tile's conversions are all done
     // by then, so two buffers (by tile parity) suffice.
     if (fp4 && b == 0) adds_valid[t % 2] = Fp4ExponentAdds(w, r0, nr, chunks, adds);
-    ConvertBlock(w, r0, nr, b,
-                 static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)),
-                 fp4 && adds_valid[t % 2] ? adds : nullptr,
+    ConvertBlock(w, r0, nr, b, BlockChunks(chunks, b), fp4 && adds_valid[t % 2] ? adds : nullptr,
                  ring + (step % (kLookahead + 1)) * kPerBlock * kTileElems);
   };
   // The next row tile's bytes (row tiles are contiguous) are prefetched into L2 a slice per
   // block: deep memory-level parallelism for the converting loads, which a 16-row interleaved
   // access pattern does not get from the hardware prefetchers.
-  const int64_t row_bytes = w.format == WeightFormat::kFp4Packed ? w.cols / 2
-                            : w.format == WeightFormat::kBF16    ? w.cols * 2
-                                                                 : w.cols;
+  const int64_t row_bytes = ElementByte(w, w.cols);
   const int64_t tile_bytes = kTileRows * row_bytes;
   const int64_t slice = (tile_bytes / n_blocks + 63) & ~int64_t{63};
   const int64_t matrix_bytes = w.rows * row_bytes;
@@ -478,8 +484,7 @@ DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin,
     const int64_t t = tile_begin + s / n_blocks, b = s % n_blocks;
     if (b == 0) ZeroAccumulators<NG>();
     BlockTileOps<NG>(ring + (s % (kLookahead + 1)) * kPerBlock * kTileElems, kTileElems, 64, xv,
-                     chunks, b * kPerBlock,
-                     static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)), width);
+                     chunks, b * kPerBlock, BlockChunks(chunks, b), width);
     if (b == n_blocks - 1) {
       StoreAccumulators<NG>(width, cbuf);
       int64_t r0 = 0;
@@ -487,6 +492,20 @@ DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin,
       EmitRowTile(cbuf, NG, 0, width, nr, tokens, y, ldy, r0 - row_begin);
     }
   }
+}
+
+// StreamRowTiles for ng (1 or 2) token groups.
+DSINFER_AMX_TARGET void StreamRowTiles(int ng, const WeightMatrix& w, int64_t row_begin,
+                                       int64_t row_end, int64_t tile_begin, int64_t tile_end,
+                                       const uint16_t* xv, int64_t chunks, int width,
+                                       std::span<const int64_t> tokens, float* y, int64_t ldy,
+                                       uint16_t* ring, uint32_t* fp4_adds) {
+  if (ng == 1)
+    StreamRowTiles<1>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
+                      ldy, ring, fp4_adds);
+  else
+    StreamRowTiles<2>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
+                      ldy, ring, fp4_adds);
 }
 
 // Weight row tiles [tile_begin, tile_end) against every token group of xv (groups of `width`
@@ -516,12 +535,8 @@ DSINFER_AMX_TARGET void RunRowTiles(const WeightMatrix& w, int64_t row_begin, in
   std::vector<uint32_t> fp4_adds(w.format == WeightFormat::kFp4Packed ? 2 * kTileRows * chunks
                                                                       : 0);  // [2][16][chunks]
   if (one_pass && !bf16) {
-    if (n_groups == 1)
-      StreamRowTiles<1>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
-                        ldy, abuf.data(), fp4_adds.data());
-    else
-      StreamRowTiles<2>(w, row_begin, row_end, tile_begin, tile_end, xv, chunks, width, tokens, y,
-                        ldy, abuf.data(), fp4_adds.data());
+    StreamRowTiles(static_cast<int>(n_groups), w, row_begin, row_end, tile_begin, tile_end, xv,
+                   chunks, width, tokens, y, ldy, abuf.data(), fp4_adds.data());
     _tile_release();
     return;
   }
@@ -530,11 +545,8 @@ DSINFER_AMX_TARGET void RunRowTiles(const WeightMatrix& w, int64_t row_begin, in
     const int64_t r0 = row_begin + t * kTileRows;
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, row_end - r0));
     if (one_pass && nr < kTileRows) {  // the ragged bf16 tile: copied through the ring
-      const int ng = static_cast<int>(n_groups);
-      ng == 1 ? StreamRowTiles<1>(w, row_begin, row_end, t, t + 1, xv, chunks, width, tokens, y,
-                                  ldy, abuf.data(), fp4_adds.data())
-              : StreamRowTiles<2>(w, row_begin, row_end, t, t + 1, xv, chunks, width, tokens, y,
-                                  ldy, abuf.data(), fp4_adds.data());
+      StreamRowTiles(static_cast<int>(n_groups), w, row_begin, row_end, t, t + 1, xv, chunks, width,
+                     tokens, y, ldy, abuf.data(), fp4_adds.data());
       continue;
     }
     const bool direct = bf16 && nr == kTileRows;
@@ -543,8 +555,7 @@ DSINFER_AMX_TARGET void RunRowTiles(const WeightMatrix& w, int64_t row_begin, in
       const uint32_t* adds =
           fp4 && Fp4ExponentAdds(w, r0, nr, chunks, fp4_adds.data()) ? fp4_adds.data() : nullptr;
       for (int64_t b = 0; b * kPerBlock < chunks; ++b)
-        ConvertBlock(w, r0, nr, b,
-                     static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock)), adds,
+        ConvertBlock(w, r0, nr, b, BlockChunks(chunks, b), adds,
                      abuf.data() + b * kPerBlock * kTileElems);
     }
     for (int64_t g0 = 0; g0 < n_groups; g0 += kGroupsPerPass) {
