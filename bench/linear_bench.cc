@@ -3,6 +3,7 @@
 // same run. Run it twice to compare the AMX tile path with the FP32 kernels:
 //   build/bench/linear_bench [--threads N] [--mib 1024] [--repeats 5]
 //   DSINFER_CPU_AMX=0 build/bench/linear_bench ...
+// --kernel tiles|vector forces the AMX path's kernel (default: the automatic choice).
 // Per (format, tokens): median wall time per weight set, weight GB/s, share of read bandwidth,
 // and CPU seconds per wall second (how busy the pool was; < threads means stalls or contention).
 #include <sys/resource.h>
@@ -61,18 +62,24 @@ Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes) {
 int main(int argc, char** argv) {
   int threads = 2, repeats = 5;
   int64_t mib = 1024, only_m = 0;
-  std::string only;
+  std::string only, kernel_name = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];  // a case name prefix
     if (!std::strcmp(argv[i], "--m")) only_m = std::atoll(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--kernel")) kernel_name = argv[i + 1];
   }
+  namespace amx = dsinfer::backend::cpu::amx;
+  const amx::Kernel kernel = kernel_name == "tiles"    ? amx::Kernel::kTiles
+                             : kernel_name == "vector" ? amx::Kernel::kVector
+                                                       : amx::Kernel::kAuto;
   dsinfer::ThreadPool pool(threads);
-  const bool amx = dsinfer::backend::cpu::amx::Available();
-  std::printf("kernels: %s, threads %d, weight set %lld MiB per format\n",
-              amx ? "AMX tiles (bf16-exact rows)" : "FP32", threads, static_cast<long long>(mib));
+  const bool amx_on = amx::Available();
+  std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format\n",
+              amx_on ? "AMX path (bf16-exact rows)" : "FP32", kernel_name.c_str(), threads,
+              static_cast<long long>(mib));
   struct Case {
     const char* name;
     WeightFormat f;
@@ -86,8 +93,12 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).rfind(only, 0) != 0) continue;
     Set set = MakeSet(c.f, c.rows, c.cols, mib << 20);
-    for (int64_t m : {1, 4, 16, 64}) {
+    for (int64_t m : {1, 2, 4, 16, 64}) {
       if (only_m != 0 && m != only_m) continue;
+      if (kernel == amx::Kernel::kVector && !(amx_on && amx::VectorApplies(set.mats[0].view, m)))
+        continue;
+      std::vector<int64_t> tokens(m);
+      for (int64_t t = 0; t < m; ++t) tokens[t] = t;
       std::vector<float> x(m * c.cols), y(m * c.rows);
       std::mt19937 rng(2);
       std::normal_distribution<float> nd;
@@ -100,7 +111,10 @@ int main(int argc, char** argv) {
         const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
         const double c0 = CpuSeconds(), t0 = Now();
         for (const auto& w : set.mats)
-          dsinfer::backend::cpu::MatMul(w.view, x.data(), m, y.data(), pool);
+          if (kernel == amx::Kernel::kAuto || !amx_on)
+            dsinfer::backend::cpu::MatMul(w.view, x.data(), m, y.data(), pool);
+          else
+            amx::MatMulRows(w.view, 0, c.rows, x.data(), tokens, y.data(), c.rows, pool, kernel);
         const double dt = Now() - t0;
         cpu += CpuSeconds() - c0, wall += dt;
         times.push_back(set.bytes / dt / 1e9 / bw);  // share of this repeat's bandwidth

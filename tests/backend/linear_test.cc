@@ -157,5 +157,60 @@ TEST(Linear, AmxTilesMatchFp64Reference) {
     }
 }
 
+// The vector kernels (FP8/FP4, up to 2 tokens) compute the tile unit's arithmetic: the same
+// outputs bit for bit as the tile path, for whole 512-column groups, the chunks past the last
+// group (FP8 with an unpaired last chunk included), every FP8 code (uniform codes: subnormals and
+// zeros in nearly every group), scales whose products are flushed (tiny) or overflow (huge), and
+// activations far from 1 (the guard that sends a group to the general route).
+TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
+  if (!amx::Available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  ThreadPool pool(2);
+  const Shape shapes[] = {
+      {WeightFormat::kFp8Block, 37, 512},  {WeightFormat::kFp8Block, 20, 1120},
+      {WeightFormat::kFp8Block, 5, 160},   {WeightFormat::kFp8Block, 130, 4096},
+      {WeightFormat::kFp4Packed, 33, 512}, {WeightFormat::kFp4Packed, 16, 608},
+      {WeightFormat::kFp4Packed, 3, 96},   {WeightFormat::kFp4Packed, 64, 2048},
+  };
+  struct Scales {
+    int lo, hi;
+  };
+  const Scales scale_ranges[] = {{115, 123}, {0, 12}, {236, 250}};
+  uint32_t seed = 40;
+  for (const Shape& s : shapes)
+    for (const Scales& sc : scale_ranges)
+      for (bool trained : {false, true}) {
+        if (trained && s.format != WeightFormat::kFp8Block) continue;
+        std::mt19937 rng(++seed);
+        HostWeight w = RandomWeight(rng, s.format, s.rows, s.cols,
+                                    {.scale_code_lo = sc.lo,
+                                     .scale_code_hi = sc.hi,
+                                     .fp8_trained_distribution = trained,
+                                     .name = "vector.weight"});
+        const int64_t m = 6;                // token rows in x; the kernels read a listed subset
+        for (int magnitude : {0, -70, 58})  // rows 4, 5 times 2^magnitude: the exact-range guard
+          for (const std::vector<int64_t>& tokens :
+               {std::vector<int64_t>{0}, {5, 2}, {3}, {1, 4}, {4}}) {
+            auto x = MakeTokens(m, s.cols, true, seed + 1000);
+            for (int64_t i = 4 * s.cols; i < m * s.cols; ++i) x[i] = std::ldexp(x[i], magnitude);
+            ASSERT_TRUE(amx::VectorApplies(w.view, static_cast<int64_t>(tokens.size())));
+            std::vector<float> tiles(m * s.rows, 7.0f), vector(m * s.rows, 7.0f);
+            amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, tiles.data(), s.rows, pool,
+                            amx::Kernel::kTiles);
+            amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, vector.data(), s.rows, pool,
+                            amx::Kernel::kVector);
+            for (size_t i = 0; i < tiles.size(); ++i) {
+              const bool both_nan = std::isnan(tiles[i]) && std::isnan(vector[i]);
+              ASSERT_TRUE(both_nan ||
+                          std::bit_cast<uint32_t>(tiles[i]) == std::bit_cast<uint32_t>(vector[i]))
+                  << s.rows << "x" << s.cols << " format " << static_cast<int>(s.format)
+                  << " scales [" << sc.lo << ", " << sc.hi << "] trained " << trained << " x * 2^"
+                  << magnitude << " tokens " << tokens.size() << " at " << i << ": tiles "
+                  << tiles[i] << " vector " << vector[i];
+            }
+          }
+      }
+}
+
 }  // namespace
 }  // namespace dsinfer::backend::cpu

@@ -7,36 +7,28 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/linear_amx_internal.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef DSINFER_AMX_COMPILED
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define DSINFER_AMX_COMPILED 1
-// The kernels are compiled for AMX/AVX-512 whatever the build's -march, and only called after
-// the runtime check in Available(), so one binary runs on any x86-64 CPU.
-#define DSINFER_AMX_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,f16c")))
 #endif
 
 namespace dsinfer::backend::cpu::amx {
 
 using model::WeightFormat;
 using model::WeightMatrix;
+using namespace internal;  // NOLINT: this file is the tile half of the internal interface
 
 namespace {
 
-// Tile geometry (palette 1): every tile is 16 rows of 64 bytes.
-constexpr int kTileRows = 16;                   // weight rows per A tile = rows of C
-constexpr int kTileK = 32;                      // bf16 values per A row (one 64-byte tile row)
-constexpr int kTileTokens = 16;                 // tokens per B tile = columns of C
-constexpr int kTileElems = kTileRows * kTileK;  // 512 bf16 per A or B tile
-constexpr int kGroupsPerPass = 2;               // C tiles 0..3: 2 token groups x 2 chains
-constexpr int kBlockCols = 128;                 // columns converted per row per call
-constexpr int kPrefetchCols = 4 * kBlockCols;   // software prefetch distance along a row
+// Tile geometry beyond linear_amx_internal.h.
+constexpr int kGroupsPerPass = 2;              // C tiles 0..3: 2 token groups x 2 chains
+constexpr int kPrefetchCols = 4 * kBlockCols;  // software prefetch distance along a row
 
 #ifdef DSINFER_AMX_COMPILED
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which trips
@@ -51,15 +43,16 @@ bool ProbeAmx() {
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return false;
-  const bool osxsave = c & (1u << 27), f16c = c & (1u << 29);
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), f16c = c & (1u << 29);
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
              avx512vl = b & (1u << 31);
+  const bool avx512vbmi = c & (1u << 1);  // the vector kernels' byte permutes
   const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
   const bool avx512_bf16 = a & (1u << 5);
-  if (!(osxsave && f16c && avx512f && avx512dq && avx512bw && avx512vl && amx_bf16 && amx_tile &&
-        avx512_bf16))
+  if (!(fma && osxsave && f16c && avx512f && avx512dq && avx512bw && avx512vl && avx512vbmi &&
+        amx_bf16 && amx_tile && avx512_bf16))
     return false;
   // The OS must save the AVX-512 state (XCR0 bits 1, 2, 5, 6, 7) and the tile state (17, 18).
   uint32_t xcr0_lo = 0, xcr0_hi = 0;
@@ -80,46 +73,6 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-
-// Column order inside the tiles. The activation (B) tiles are laid out in the same order, so
-// any fixed permutation of the columns within one scale block leaves every product unchanged and
-// only fixes a (batch-independent) summation order. The orders below are the ones the fast
-// conversions produce directly, which saves a shuffle per 32 weights:
-//   FP8: a chunk pair (2j, 2j + 1) of one 128x128 block, position p = 32 * slot + m, holds
-//        column 16 * (m / 8) + 8 * slot + m % 8 of its 64 (the order of the byte unpacks);
-//   FP4: position m of a chunk holds column 4 * (m % 8) + m / 8 of its 32 (the order of the
-//        per-lane nibble shifts);
-//   bf16, and an FP8 chunk without a pair (the last one when k / 32 is odd): natural order.
-constexpr int Fp8PairColumn(int p) {
-  const int slot = p / 32, m = p % 32;
-  return 16 * (m / 8) + 8 * slot + m % 8;
-}
-constexpr int Fp4ChunkColumn(int m) { return 4 * (m % 8) + m / 8; }
-
-// Tile position m of chunk c holds column base + offsets[m] of w.
-struct ChunkOrder {
-  int64_t base;
-  const uint16_t* offsets;  // [32]
-};
-
-constexpr std::array<uint16_t, 64> MakeOrder(int (*column)(int), int n) {
-  std::array<uint16_t, 64> order{};
-  for (int p = 0; p < n; ++p) order[p] = static_cast<uint16_t>(column(p));
-  return order;
-}
-// Also the word indices of the permutes that produce these orders from natural order.
-alignas(64) constexpr std::array<uint16_t, 64> kFp8PairOrder = MakeOrder(Fp8PairColumn, 64);
-alignas(64) constexpr std::array<uint16_t, 64> kFp4ChunkOrder = MakeOrder(Fp4ChunkColumn, 32);
-alignas(64) constexpr std::array<uint16_t, 64> kNaturalOrder = MakeOrder([](int m) { return m; },
-                                                                         32);
-
-// The order of chunk c's tile positions (chunks = w.cols / 32).
-ChunkOrder TileOrder(WeightFormat format, int64_t chunks, int64_t c) {
-  if (format == WeightFormat::kFp8Block && (c / 2) * 2 + 1 < chunks)
-    return {(c / 2) * 64, kFp8PairOrder.data() + (c % 2) * kTileK};
-  if (format == WeightFormat::kFp4Packed) return {c * kTileK, kFp4ChunkOrder.data()};
-  return {c * kTileK, kNaturalOrder.data()};
-}
 
 inline uint16_t Bf16Bits(float exact) {
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(exact) >> 16);
@@ -188,12 +141,6 @@ alignas(64) constexpr std::array<uint16_t, 32> kFp4Shifts = [] {
   for (int m = 0; m < 32; ++m) shifts[m] = static_cast<uint16_t>(4 * (m / 8));
   return shifts;
 }();
-// bf16 bits of the e2m1 codes 0..15, twice (the index's bit 4 is the next element's); 0 and 8
-// are zeros.
-alignas(64) constexpr std::array<uint16_t, 32> kFp4Table = {
-    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80,
-    0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0, 0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040,
-    0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
 constexpr __mmask32 kFp4NonzeroEntries = 0xfefefefe;
 
 // 16 bytes = 32 e2m1 codes (low nibble first) times 2^(e - 127) -> 32 bf16 in Fp4ChunkColumn
@@ -275,13 +222,13 @@ inline void PrefetchAhead(const WeightMatrix& w, int64_t r, int64_t col, int lin
     _mm_prefetch(reinterpret_cast<const char*>(w.data + byte + 64 * l), _MM_HINT_T0);
 }
 
-// Columns [128b, 128b + 32 n_chunks) of weight rows [r0, r0 + nr) as n_chunks (<= 4) bf16 A
-// tiles at out + j * 512, each [16 rows][32] in TileOrder (rows >= nr zero). 128 columns
-// per row per call: one FP8 scale, four FP4 scales, whole cache lines. fp4_adds: the row tile's
-// Fp4ExponentAdds, or null when they did not apply.
-DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, int64_t b,
-                                     int n_chunks, const uint32_t* fp4_adds,
-                                     uint16_t* __restrict out) {
+}  // namespace
+
+// 128 columns per row per call: one FP8 scale, four FP4 scales, whole cache lines. fp4_adds: the
+// row tile's Fp4ExponentAdds, or null when they did not apply.
+DSINFER_AMX_TARGET void internal::ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, int64_t b,
+                                               int n_chunks, const uint32_t* fp4_adds,
+                                               uint16_t* __restrict out) {
   const WeightFormat format = w.format;
   const uint8_t* __restrict data = w.data;
   const int64_t k = w.cols, col0 = b * kBlockCols;
@@ -327,12 +274,7 @@ DSINFER_AMX_TARGET void ConvertBlock(const WeightMatrix& w, int64_t r0, int nr, 
       std::memset(out + j * kTileElems + nr * kTileK, 0, (kTileRows - nr) * kTileK * 2);
 }
 
-constexpr int kPerBlock = kBlockCols / kTileK;  // 4 chunks per block
-
-// Chunks in block b of a row with `chunks` chunks (the last block may be short).
-inline int BlockChunks(int64_t chunks, int64_t b) {
-  return static_cast<int>(std::min<int64_t>(kPerBlock, chunks - b * kPerBlock));
-}
+namespace {
 
 // The tile ops of one block (nc chunks from chunk c0) of a row tile against NG (1 or 2) token
 // groups of B tiles (xg [group][chunk][16 k-pairs][width tokens][2], b_elems = 32 * width bf16
@@ -612,12 +554,40 @@ bool RowIsBf16Exact(const float* x, int64_t k) {
   return true;
 }
 
+bool VectorApplies(const WeightMatrix& w, int64_t n_tokens) {
+#ifdef DSINFER_AMX_COMPILED
+  return w.format != WeightFormat::kBF16 && n_tokens >= 1 && n_tokens <= kVectorMaxTokens;
+#else
+  (void)w, (void)n_tokens;
+  return false;
+#endif
+}
+
+namespace {
+// DSINFER_CPU_VECTOR=0 keeps the tile kernels for every batch (to compare; results are the same).
+bool VectorEnabled() {
+  static const bool enabled = [] {  // a setting of this process, read once
+    const char* env = std::getenv("DSINFER_CPU_VECTOR");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled;
+}
+}  // namespace
+
 void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool) {
+                std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
+                Kernel kernel) {
 #ifdef DSINFER_AMX_COMPILED
   const int64_t k = w.cols, chunks = k / kTileK;
   const int64_t n_tok = static_cast<int64_t>(tokens.size());
   if (n_tok == 0 || row_end <= row_begin) return;
+  DSINFER_CHECK_MSG(kernel != Kernel::kVector || VectorApplies(w, n_tok),
+                    "the vector kernels take FP8/FP4 weights and at most 2 tokens");
+  if (kernel == Kernel::kVector ||
+      (kernel == Kernel::kAuto && VectorEnabled() && VectorApplies(w, n_tok))) {
+    MatMulRowsVector(w, row_begin, row_end, x, tokens, y, ldy, pool);
+    return;
+  }
   // Token groups of `width`: all tokens when they fit one tile, else 16 per group.
   const int width = static_cast<int>(std::min<int64_t>(kTileTokens, n_tok));
   const int64_t n_groups = (n_tok + width - 1) / width;
@@ -646,7 +616,8 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
       },
       1);
 #else
-  (void)w, (void)row_begin, (void)row_end, (void)x, (void)tokens, (void)y, (void)ldy, (void)pool;
+  (void)w, (void)row_begin, (void)row_end, (void)x, (void)tokens, (void)y, (void)ldy, (void)pool,
+      (void)kernel;
   DSINFER_CHECK_MSG(false, "AMX kernels are not compiled in (Available() is false)");
 #endif
 }

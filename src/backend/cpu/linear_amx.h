@@ -47,8 +47,15 @@ bool RowIsBf16Exact(const float* x, int64_t k);
 
 // For each listed token t (a row index of x [*, w.cols], fp32 holding bf16-exact values) and each
 // weight row r in [row_begin, row_end): y[t * ldy + (r - row_begin)] = sum_k x[t, k] * W[r, k].
-// Weight row tiles are split across the pool.
+// Weight row tiles are split across the pool. For FP8/FP4 weights and at most 2 tokens the
+// AVX-512 vector kernels run instead of the tile unit (`kernel` forces one, for tests and
+// benchmarks): they compute the tile unit's exact arithmetic, so the result is bit-identical
+// either way and the choice cannot break batch invariance. DSINFER_CPU_VECTOR=0 in the
+// environment keeps the tile kernels for kAuto (to compare).
+enum class Kernel { kAuto, kTiles, kVector };
+bool VectorApplies(const model::WeightMatrix& w, int64_t n_tokens);
 void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool);
+                std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
+                Kernel kernel = Kernel::kAuto);
 
 }  // namespace dsinfer::backend::cpu::amx

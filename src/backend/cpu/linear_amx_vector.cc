@@ -1,0 +1,526 @@
+// The tile unit's arithmetic on AVX-512, for FP8/FP4 weights and one or two tokens.
+//
+// Why: at one or two tokens a TDPBF16PS does 1/16 of the work it could, and what a decode step
+// pays for per 512 weights is converting them into a bf16 A tile, storing it and tile-loading it
+// back (on this project's VM a 1 KiB tile load plus the op cost ~50 ns, about what the
+// conversion costs), while a 16-row tile reads 16 separate streams of the matrix. These kernels
+// read one weight row at a time, start to end (one stream, which the hardware prefetcher follows
+// without help), and sum from registers: from memory 1.3-1.5x the tile path's GB/s at one token,
+// on par with it in cache (docs/PERF.md). They reproduce the tile path's summation order and
+// rounding exactly, so which kernel runs can never change a result (batch invariance, exact
+// prefix-cache hits).
+//
+// The arithmetic, established on the hardware and checked bit for bit against MatMulRows' tile
+// path by linear_test on every AMX machine: for each output, one TDPBF16PS forms e = +0 then
+// e = fma(a[2i], b[2i], e) for i = 0 .. 15 (the even tile positions, in order), o likewise over
+// the odd positions, and adds c = c + (e + o), flushing results that would be subnormal and
+// reading subnormal inputs as zero. The tile path keeps two accumulators per output (even chunks,
+// odd chunks) and returns their sum. VDPBF16PS on a dword holding two bf16 computes
+// acc = fma(low word, fma(high word, acc)), flushed the same way: two steps of such a chain.
+// FP32 FMAs reproduce it with MXCSR flush-to-zero set (inputs are never subnormal here:
+// activation rows are checked by RowIsBf16Exact, and a dequantized weight that would be
+// subnormal is flushed by the multiply that scales it). The final even + odd add runs in the
+// caller's mode, as the tile path's does.
+//
+// Layout: lanes are chunks. A group is 16 consecutive chunks (512 columns) of one weight row;
+// lane j carries chunk 16 g + j, and the vectors of a group are its 32 tile positions (slots) in
+// TileOrder, in pairs for VDPBF16PS, so lane j runs down its chunk's even and odd positions
+// exactly as the tile unit does; the 16 per-chunk sums are then added to the two chains in chunk
+// order. Chunks past the last whole group take the tile path's own conversion and scalar FMAs.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/linear_amx_internal.h"
+
+#ifdef DSINFER_AMX_COMPILED
+#include <immintrin.h>
+
+#include "core/dtype.h"
+
+namespace dsinfer::backend::cpu::amx::internal {
+namespace {
+
+using model::WeightFormat;
+using model::WeightMatrix;
+
+constexpr int kLanes = 16;                   // chunks per group, one per fp32 lane
+constexpr int kGroupCols = kLanes * kTileK;  // 512 columns per group
+constexpr int kSlots = kTileK;               // tile positions per chunk
+constexpr int kRowsPerScope = 64;            // rows summed per flush-to-zero scope
+
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which trips
+// -Wmaybe-uninitialized when they are inlined into a target("avx512f") function (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// MXCSR's flush-to-zero bit for the scope (the tile unit's treatment of subnormal results).
+class FlushToZero {
+ public:
+  FlushToZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtz); }
+  ~FlushToZero() { _mm_setcsr(saved_); }
+  FlushToZero(const FlushToZero&) = delete;
+  FlushToZero& operator=(const FlushToZero&) = delete;
+
+ private:
+  static constexpr unsigned kFtz = 0x8000;
+  unsigned saved_;
+};
+
+// Pairs: one VDPBF16PS on dword lanes holding bf16 pairs computes acc = fma(even word,
+// fma(odd word, acc)) with subnormals flushed (measured, as for the tile unit), i.e. two steps of
+// a chain. Pair q (0..15) of a group puts slot PairSlot(q) in the odd (high) word and the slot
+// two further on in the even (low) word: even q extend the even chain, odd q the odd chain, and
+// q in increasing order visits each chain's slots in increasing order.
+constexpr int PairSlot(int q) { return 4 * (q / 2) + q % 2; }
+constexpr int kPairs = kSlots / 2;
+
+// FP8 gathers from (L_mh, H_mh) (see Fp8Row): slot 8 mh + ml of lane j is byte 8 j + ml.
+// kFp8Gather[ml]: into the top byte of dword lane j, the other bytes zero (the fp32 route).
+alignas(64) constexpr std::array<std::array<uint8_t, 64>, 8> kFp8Gather = [] {
+  std::array<std::array<uint8_t, 64>, 8> idx{};
+  for (int ml = 0; ml < 8; ++ml)
+    for (int j = 0; j < kLanes; ++j) idx[ml][4 * j + 3] = static_cast<uint8_t>(8 * j + ml);
+  return idx;
+}();
+// kFp8PairGather[ml] (ml = 0, 1): two pairs per dword, slots (ml, ml + 2) in bytes 3 and 1 (the
+// high bytes of the two words, pair A) and (ml + 4, ml + 6) in bytes 2 and 0 (pair B, moved up
+// by a word shift).
+alignas(64) constexpr std::array<std::array<uint8_t, 64>, 2> kFp8PairGather = [] {
+  std::array<std::array<uint8_t, 64>, 2> idx{};
+  for (int ml = 0; ml < 2; ++ml)
+    for (int j = 0; j < kLanes; ++j) {
+      idx[ml][4 * j + 3] = static_cast<uint8_t>(8 * j + ml);
+      idx[ml][4 * j + 1] = static_cast<uint8_t>(8 * j + ml + 2);
+      idx[ml][4 * j + 2] = static_cast<uint8_t>(8 * j + ml + 4);
+      idx[ml][4 * j + 0] = static_cast<uint8_t>(8 * j + ml + 6);
+    }
+  return idx;
+}();
+constexpr __mmask64 kTopBytes = 0x8888888888888888ull;
+
+// FP4 gathers: byte bi of chunk j, chunks 0..7 from (z0, z1) and 8..15 from (z2, z3) with the
+// same indices. kFp4Gather[bi]: into the low byte of dword lane j (the fp32 route);
+// kFp4PairGather[h][ml] (ml = 0, 1): the bytes of slots 16 h + ml + {0, 2, 4, 6} into bytes 2, 0,
+// 3, 1, so that the low bytes of the two words hold pair (16 h + ml, + 2) and the high bytes pair
+// (16 h + ml + 4, + 6), each in low nibbles, and the high nibbles the pairs 8 slots on.
+alignas(64) constexpr std::array<std::array<uint8_t, 64>, 16> kFp4Gather = [] {
+  std::array<std::array<uint8_t, 64>, 16> idx{};
+  for (int bi = 0; bi < 16; ++bi)
+    for (int j = 0; j < kLanes; ++j) idx[bi][4 * j] = static_cast<uint8_t>(16 * (j % 8) + bi);
+  return idx;
+}();
+alignas(64) constexpr std::array<std::array<std::array<uint8_t, 64>, 2>, 2> kFp4PairGather = [] {
+  std::array<std::array<std::array<uint8_t, 64>, 2>, 2> idx{};
+  for (int h = 0; h < 2; ++h)
+    for (int ml = 0; ml < 2; ++ml)
+      for (int j = 0; j < kLanes; ++j) {
+        const int base = 16 * (j % 8) + h;  // byte 2 ml' + h holds slot 16 h + ml' (low nibble)
+        idx[h][ml][4 * j + 2] = static_cast<uint8_t>(base + 2 * ml);
+        idx[h][ml][4 * j + 0] = static_cast<uint8_t>(base + 2 * (ml + 2));
+        idx[h][ml][4 * j + 3] = static_cast<uint8_t>(base + 2 * (ml + 4));
+        idx[h][ml][4 * j + 1] = static_cast<uint8_t>(base + 2 * (ml + 6));
+      }
+  return idx;
+}();
+constexpr __mmask64 kLowBytesLanes0To7 = 0x0000000011111111ull;
+constexpr __mmask64 kLowBytesLanes8To15 = 0x1111111100000000ull;
+constexpr __mmask64 kLanes0To7 = 0x00000000ffffffffull;
+constexpr __mmask64 kLanes8To15 = 0xffffffff00000000ull;
+
+// E8M0ToF32 of 16 scale codes, one per lane.
+DSINFER_AMX_TARGET inline __m512 E8M0Lanes(__m512i e) {
+  __m512i bits = _mm512_slli_epi32(e, 23);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                               _mm512_set1_epi32(0x00400000));  // 2^-127
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                               _mm512_set1_epi32(0x7fc00000));  // NaN
+  return _mm512_castsi512_ps(bits);
+}
+
+// Whether every lane's e lies in [lo, hi] (never, for an empty range).
+DSINFER_AMX_TARGET inline bool AllIn(__m512i e, int lo, int hi) {
+  return lo <= hi && _mm512_cmpgt_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(lo)),
+                                             _mm512_set1_epi32(hi - lo)) == 0;
+}
+
+// The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX),
+// go into the even and odd chains in chunk order.
+template <int T>
+DSINFER_AMX_TARGET inline void FoldGroup(const __m512 (&even)[T], const __m512 (&odd)[T],
+                                         __m512 scales, float (*acc)[2]) {
+  alignas(64) float s[kLanes];
+  for (int t = 0; t < T; ++t) {
+    _mm512_store_ps(s, _mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), scales));
+    float c0 = acc[t][0], c1 = acc[t][1];
+    for (int j = 0; j < kLanes; j += 2) {
+      c0 += s[j];
+      c1 += s[j + 1];
+    }
+    acc[t][0] = c0;
+    acc[t][1] = c1;
+  }
+}
+
+// One slot's 16 weights (fp32, lane = chunk) against T tokens' activations for that slot.
+template <int T>
+DSINFER_AMX_TARGET inline void SlotFma(__m512 wv, const float* x_slot, int64_t x_token,
+                                       __m512 (&chain)[T]) {
+  for (int t = 0; t < T; ++t)
+    chain[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x_slot + t * x_token), chain[t]);
+}
+
+// One pair's 16 weight pairs (bf16) against T tokens' activation pairs.
+template <int T>
+DSINFER_AMX_TARGET inline void PairDot(__m512i wv, const uint32_t* x_pair, int64_t x_token,
+                                       __m512 (&chain)[T]) {
+  for (int t = 0; t < T; ++t)
+    chain[t] =
+        _mm512_dpbf16_ps(chain[t], reinterpret_cast<__m512bh>(wv),
+                         reinterpret_cast<__m512bh>(_mm512_loadu_si512(x_pair + t * x_token)));
+}
+
+// Activations for T tokens: xs fp32 [group][slot][lane] and xp bf16 pairs [group][pair][lane]
+// (times kFp8PairShift for FP8), with the distance between tokens, and per group the range of
+// scale codes [code_lo, code_hi] for which the pair route is exact (see MatMulRowsVector).
+//
+// The pair routes sum weights without their scale and multiply each chunk's e + o by it once:
+// a power-of-two factor commutes exactly with every rounding of the chain as long as no product
+// or partial sum, scaled or not, is subnormal or overflows. Products of bf16 x (8 significant
+// bits) and e4m3/e2m1 codes (4/2) are exact and all partial sums are multiples of 2^(lowest
+// product exponent - 16), so bounding the lowest and highest product exponents from the group's
+// activation exponents and the scale code keeps every intermediate normal in both domains.
+struct GroupX {
+  const float* xs;
+  int64_t xs_token;
+  const uint32_t* xp;
+  int64_t xp_token;
+  const int16_t* code_lo;  // [groups]
+  const int16_t* code_hi;  // [groups]
+};
+
+// FP8 pair route: the weight bits read as e4m3 value times 2^-120, the activations are stored
+// times 2^60 and the chunk sums multiplied by 2^(code - 127 + 60), so neither side leaves the
+// normal range for activations between 2^-44 and 2^66.
+constexpr int kFp8PairShift = 60;
+
+// FP8 row r, full groups. Group bytes: 8 chunk pairs of 64; pair i (chunks 2i, 2i+1) holds slot
+// m = 8 mh + ml of chunk 2i + q at byte 16 mh + 8 q + ml (Fp8PairColumn). L_mh gathers 128-bit
+// lane mh of pairs 0..3 and H_mh of pairs 4..7 (a 4x4 transpose of lanes), so lane j = 2i + q
+// finds slot m at byte 8 j + ml of (L_mh, H_mh).
+// Pair route (no subnormal code in the group, block scales in the group's exact range): a code
+// in the high byte of a word, shifted right arithmetically by 4 and masked, is bf16 of its value
+// times 2^-120; the pairs go to VDPBF16PS and the chunk sums are scaled (GroupX). General route:
+// the same bits in the top byte of a dword read as fp32 value times 2^-120 for every code, and a
+// scalef makes the weight exactly, flushed as the tile unit flushes.
+template <int T>
+DSINFER_AMX_TARGET void Fp8Row(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
+                               float (*acc)[2]) {
+  const uint8_t* row = w.data + r * w.cols;
+  const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
+  const __m128i repeat4 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = row + g * kGroupCols;
+    // Lane j's chunk lies in column block 4 g + j / 4.
+    uint32_t four = 0;
+    std::memcpy(&four, scale_codes + 4 * g, 4);
+    const __m512i codes =
+        _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(four)), repeat4));
+    __m512i lh[8];  // L_0..L_3, H_0..H_3
+    __mmask64 subnormal = 0;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* q = p + half * 256;
+      __m512i y[4];
+      for (int i = 0; i < 4; ++i) {
+        y[i] = _mm512_loadu_si512(q + 64 * i);
+        subnormal |= _mm512_mask_test_epi8_mask(
+            _mm512_testn_epi8_mask(y[i], _mm512_set1_epi8(0x78)), y[i], _mm512_set1_epi8(0x07));
+      }
+      const __m512i t0 = _mm512_shuffle_i64x2(y[0], y[1], 0x44);
+      const __m512i t1 = _mm512_shuffle_i64x2(y[0], y[1], 0xee);
+      const __m512i t2 = _mm512_shuffle_i64x2(y[2], y[3], 0x44);
+      const __m512i t3 = _mm512_shuffle_i64x2(y[2], y[3], 0xee);
+      lh[4 * half + 0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+      lh[4 * half + 1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+      lh[4 * half + 2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+      lh[4 * half + 3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+    }
+    __m512 even[T], odd[T];
+    for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+    __m512 scales = _mm512_set1_ps(1.0f);
+    if (subnormal == 0 && AllIn(codes, x.code_lo[g], x.code_hi[g])) {
+      scales = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(kFp8PairShift)), 23));
+      const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
+      const uint32_t* xg = x.xp + g * kPairs * kLanes;
+      for (int mh = 0; mh < 4; ++mh)
+        for (int ml = 0; ml < 2; ++ml) {  // even chain for ml 0, odd for 1
+          const __m512i v = _mm512_permutex2var_epi8(
+              lh[mh], _mm512_load_si512(kFp8PairGather[ml].data()), lh[4 + mh]);
+          for (int b = 0; b < 2; ++b) {  // pairs (8 mh + ml + 4 b, + 2); the low byte is masked
+            __m512i u = b == 0 ? v : _mm512_slli_epi16(v, 8);
+            u = _mm512_and_si512(_mm512_srai_epi16(u, 4), keep);
+            const int m = 8 * mh + ml + 4 * b;
+            const int q = 2 * (m / 4) + m % 2;
+            PairDot<T>(u, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
+          }
+        }
+    } else {
+      __m512 exps = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(7)));
+      exps = _mm512_mask_mov_ps(exps, _mm512_cmpeq_epi32_mask(codes, _mm512_set1_epi32(255)),
+                                _mm512_set1_ps(__builtin_nanf("")));  // e8m0 NaN scale
+      const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0x87f00000u));
+      const float* xg = x.xs + g * kSlots * kLanes;
+      for (int mh = 0; mh < 4; ++mh)
+        for (int ml = 0; ml < 8; ++ml) {
+          __m512i v = _mm512_maskz_permutex2var_epi8(
+              kTopBytes, lh[mh], _mm512_load_si512(kFp8Gather[ml].data()), lh[4 + mh]);
+          v = _mm512_and_si512(_mm512_srai_epi32(v, 4), keep);
+          const __m512 wv = _mm512_scalef_ps(_mm512_castsi512_ps(v), exps);
+          const int m = 8 * mh + ml;
+          SlotFma<T>(wv, xg + m * kLanes, x.xs_token, m % 2 == 0 ? even : odd);
+        }
+    }
+    FoldGroup<T>(even, odd, scales, acc);
+  }
+}
+
+// FP4 row r, full groups. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte
+// 2 ml + mh / 2 (Fp4ChunkColumn), so one gather of bytes serves a low-nibble slot and the slot 8
+// further on.
+// Pair route (every chunk scale in the group's exact range): gathered byte pairs look up bf16
+// e2m1 values (kFp4Table), VDPBF16PS sums, the chunk sums are scaled (GroupX).
+// General route: fp32 e2m1 values times the lane's scale (exact, flushed as the tile unit
+// flushes), FMAs.
+template <int T>
+DSINFER_AMX_TARGET void Fp4Row(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
+                               float (*acc)[2]) {
+  const uint8_t* row = w.data + r * (w.cols / 2);
+  const uint8_t* scale_codes = w.scales + r * w.scale_cols;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = row + g * (kGroupCols / 2);
+    const __m512i z0 = _mm512_loadu_si512(p), z1 = _mm512_loadu_si512(p + 64);
+    const __m512i z2 = _mm512_loadu_si512(p + 128), z3 = _mm512_loadu_si512(p + 192);
+    const __m512i codes = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
+    __m512 even[T], odd[T];
+    for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+    __m512 scales = _mm512_set1_ps(1.0f);
+    if (AllIn(codes, x.code_lo[g], x.code_hi[g])) {
+      scales = _mm512_castsi512_ps(_mm512_slli_epi32(codes, 23));
+      const __m512i table = _mm512_load_si512(kFp4Table.data());
+      const uint32_t* xg = x.xp + g * kPairs * kLanes;
+      for (int h = 0; h < 2; ++h) {  // slots 16 h .. 16 h + 15
+        __m512i bytes[2];
+        for (int ml = 0; ml < 2; ++ml) {
+          const __m512i idx = _mm512_load_si512(kFp4PairGather[h][ml].data());
+          bytes[ml] = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLanes0To7, z0, idx, z1),
+                                      _mm512_maskz_permutex2var_epi8(kLanes8To15, z2, idx, z3));
+        }
+        // Word shifts 0, 8, 4, 12 bring the pairs at slot offsets 0, 4, 8, 12 to the low bits
+        // (the index's bit 4 is ignored by the duplicated table), in each chain's order.
+        for (int shift : {0, 8, 4, 12})
+          for (int ml = 0; ml < 2; ++ml) {
+            const __m512i index = _mm512_srli_epi16(bytes[ml], shift);
+            const __m512i v = _mm512_permutexvar_epi16(index, table);
+            const int m = 16 * h + ml + (shift == 8 ? 4 : shift == 4 ? 8 : shift);
+            const int q = 2 * (m / 4) + m % 2;
+            PairDot<T>(v, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
+          }
+      }
+    } else {
+      const __m512 lane_scales = E8M0Lanes(codes);
+      const __m512 table = _mm512_loadu_ps(kE2M1Values);  // core/dtype.h
+      const float* xg = x.xs + g * kSlots * kLanes;
+      for (int h = 0; h < 2; ++h) {  // mh in {2h, 2h + 1}: bytes 2 ml + h
+        __m512i bytes[8];
+        for (int ml = 0; ml < 8; ++ml) {
+          const __m512i idx = _mm512_load_si512(kFp4Gather[2 * ml + h].data());
+          bytes[ml] =
+              _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLowBytesLanes0To7, z0, idx, z1),
+                              _mm512_maskz_permutex2var_epi8(kLowBytesLanes8To15, z2, idx, z3));
+        }
+        for (int nibble = 0; nibble < 2; ++nibble)
+          for (int ml = 0; ml < 8; ++ml) {  // slots 16 h + 8 nibble + ml
+            const __m512i index = nibble == 0 ? bytes[ml] : _mm512_srli_epi32(bytes[ml], 4);
+            const __m512 wv = _mm512_mul_ps(_mm512_permutexvar_ps(index, table), lane_scales);
+            SlotFma<T>(wv, xg + (16 * h + 8 * nibble + ml) * kLanes, x.xs_token,
+                       ml % 2 == 0 ? even : odd);
+          }
+      }
+    }
+    FoldGroup<T>(even, odd, scales, acc);
+  }
+}
+
+DSINFER_AMX_TARGET inline float ScalarFma(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// bf16 bits -> fp32, subnormals read as zero (as the tile unit reads its inputs).
+inline float Bf16ToF32Daz(uint16_t bits) {
+  return (bits & 0x7f80) == 0 ? 0.0f : std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+// The chunks past the last full group ([c_begin, chunks), fewer than 16) of row r: converted by
+// the tile path's own conversion into buf and summed with scalar FMAs in the tile unit's order.
+// xt [token][chunk - c_begin][32] fp32 in TileOrder.
+DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begin, int n_tok,
+                                const float* xt, int64_t xt_token, uint16_t* buf, float (*acc)[2]) {
+  const int64_t chunks = w.cols / kTileK;
+  const int64_t b_begin = c_begin / kPerBlock, n_blocks = (chunks + kPerBlock - 1) / kPerBlock;
+  for (int64_t b = b_begin; b < n_blocks; ++b)
+    ConvertBlock(w, r, 1, b, BlockChunks(chunks, b), nullptr,
+                 buf + (b - b_begin) * kPerBlock * kTileElems);
+  for (int64_t c = c_begin; c < chunks; ++c) {
+    const uint16_t* a = buf + (c - c_begin) * kTileElems;  // row 0 of chunk c's A tile
+    for (int t = 0; t < n_tok; ++t) {
+      const float* xc = xt + t * xt_token + (c - c_begin) * kTileK;
+      float e = 0.0f, o = 0.0f;
+      for (int i = 0; i < kTileK / 2; ++i) {
+        e = ScalarFma(Bf16ToF32Daz(a[2 * i]), xc[2 * i], e);
+        o = ScalarFma(Bf16ToF32Daz(a[2 * i + 1]), xc[2 * i + 1], o);
+      }
+      acc[t][c % 2] += e + o;
+    }
+  }
+}
+
+template <int T>
+DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
+                                float (*acc)[2]) {
+  if (w.format == WeightFormat::kFp8Block)
+    Fp8Row<T>(w, r, groups, x, acc);
+  else
+    Fp4Row<T>(w, r, groups, x, acc);
+}
+
+// The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
+// Not inlined: the flush-to-zero scope must cover exactly these sums.
+DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(const WeightMatrix& w, int64_t r0,
+                                                            int64_t r1, int n_tok, GroupX x,
+                                                            const float* xt, int64_t xt_token,
+                                                            uint16_t* tail_buf,
+                                                            float (*acc)[kVectorMaxTokens][2]) {
+  const int64_t chunks = w.cols / kTileK, groups = chunks / kLanes;
+  FlushToZero ftz;
+  for (int64_t r = r0; r < r1; ++r) {
+    float(*a)[2] = acc[r - r0];
+    for (int t = 0; t < n_tok; ++t) a[t][0] = a[t][1] = 0.0f;
+    switch (n_tok) {
+      case 1:
+        RowSums<1>(w, r, groups, x, a);
+        break;
+      default:
+        RowSums<2>(w, r, groups, x, a);
+        break;
+    }
+    if (groups * kLanes < chunks) TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, a);
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace
+
+void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                      std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool) {
+  const int n_tok = static_cast<int>(tokens.size());
+  const int64_t k = w.cols, chunks = k / kTileK, groups = chunks / kLanes;
+  const int64_t c_tail = groups * kLanes, tail = chunks - c_tail;
+  // The activations in the tiles' column order (TileOrder): xs [token][group][slot][lane] fp32,
+  // xp [token][group][pair][lane] bf16 pairs (slot PairSlot(q) high, the one two further on low)
+  // and xt [token][tail chunk][slot] fp32.
+  const int64_t xs_token = groups * kGroupCols, xp_token = groups * kPairs * kLanes;
+  const int64_t xt_token = tail * kTileK;
+  std::vector<float> xs(n_tok * xs_token), xt(n_tok * xt_token);
+  std::vector<uint32_t> xp(n_tok * xp_token);
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  const float pair_factor = fp8 ? std::ldexp(1.0f, kFp8PairShift) : 1.0f;  // exact
+  for (int t = 0; t < n_tok; ++t) {
+    const float* xr = x + tokens[t] * k;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const ChunkOrder order = TileOrder(w.format, chunks, c);
+      const float* col = xr + order.base;
+      if (c >= c_tail) {
+        float* dst = xt.data() + t * xt_token + (c - c_tail) * kTileK;
+        for (int m = 0; m < kSlots; ++m) dst[m] = col[order.offsets[m]];
+        continue;
+      }
+      float* dst = xs.data() + t * xs_token + (c / kLanes) * kGroupCols + c % kLanes;
+      for (int m = 0; m < kSlots; ++m) dst[m * kLanes] = col[order.offsets[m]];
+      uint32_t* pairs = xp.data() + t * xp_token + (c / kLanes) * kPairs * kLanes + c % kLanes;
+      for (int q = 0; q < kPairs; ++q) {
+        const float high = col[order.offsets[PairSlot(q)]] * pair_factor;
+        const float low = col[order.offsets[PairSlot(q) + 2]] * pair_factor;
+        pairs[q * kLanes] = (std::bit_cast<uint32_t>(high) & 0xffff0000u) |
+                            std::bit_cast<uint32_t>(low) >> 16;  // bf16-exact values
+      }
+    }
+  }
+  // Per group, the exponents of the smallest and largest nonzero |x| over the tokens (the values
+  // are normal: RowIsBf16Exact), and from them the scale codes for which the pair routes are
+  // exact (GroupX): every product and partial sum, scaled and unscaled, stays normal.
+  std::vector<int16_t> code_lo(groups), code_hi(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    int ex_min = 1000, ex_max = -1000;
+    for (int t = 0; t < n_tok; ++t)
+      for (int i = 0; i < kGroupCols; ++i) {
+        const uint32_t bits = std::bit_cast<uint32_t>(xs[t * xs_token + g * kGroupCols + i]);
+        if ((bits & 0x7fffffffu) == 0) continue;
+        const int e = static_cast<int>((bits >> 23) & 0xff) - 127;
+        ex_min = std::min(ex_min, e), ex_max = std::max(ex_max, e);
+      }
+    const bool all_zero = ex_min == 1000;
+    int lo = 0, hi = 0;
+    if (fp8) {
+      // Products are multiples of 2^(ex_min - 16 + k) (x: 8 significant bits, e4m3 normals:
+      // multiples of 2^-9) and below 2^(ex_max + 10 + k), with k = code - 127 (scaled) or -60
+      // (unscaled); chunk sums stay below 2^(ex_max + 15 + k). Weights normal: code >= 7;
+      // x * 2^60 finite; the chunk factor 2^(k + 60) normal: code <= 194.
+      const bool ok = all_zero || (ex_min >= -50 && ex_max <= 67);
+      lo = all_zero ? 7 : std::max(7, 127 - 110 - ex_min);
+      hi = all_zero ? 194 : std::min(194, 127 + 112 - ex_max);
+      if (!ok) lo = 256;
+    } else {
+      // Products are multiples of 2^(ex_min - 8 + k) (e2m1: multiples of 0.5) and below
+      // 2^(ex_max + 4 + k), with k = code - 127 (scaled) or 0 (unscaled); chunk sums stay below
+      // 2^(ex_max + 9 + k). Weights normal: code in [2, 252].
+      const bool ok = all_zero || (ex_min >= -118 && ex_max <= 118);
+      lo = all_zero ? 2 : std::max(2, 127 - 118 - ex_min);
+      hi = all_zero ? 252 : std::min(252, 127 + 118 - ex_max);
+      if (!ok) lo = 256;
+    }
+    code_lo[g] = static_cast<int16_t>(lo), code_hi[g] = static_cast<int16_t>(hi);
+  }
+  const GroupX gx{xs.data(), xs_token, xp.data(), xp_token, code_lo.data(), code_hi.data()};
+  const int64_t n_tiles = (row_end - row_begin + kTileRows - 1) / kTileRows;
+  pool.ParallelForRange(
+      n_tiles,
+      [&](int64_t ta, int64_t tb) {
+        std::vector<uint16_t> tail_buf(tail > 0 ? (tail / kPerBlock + 1) * kPerBlock * kTileElems
+                                                : 0);  // bf16 A tiles of the tail blocks
+        alignas(64) float acc[kRowsPerScope][kVectorMaxTokens][2];
+        const int64_t r_end = std::min(row_end, row_begin + tb * kTileRows);
+        for (int64_t r0 = row_begin + ta * kTileRows; r0 < r_end; r0 += kRowsPerScope) {
+          const int64_t r1 = std::min(r_end, r0 + kRowsPerScope);
+          ChainSums(w, r0, r1, n_tok, gx, xt.data(), xt_token, tail_buf.data(), acc);
+          // The chains' sum, in the caller's floating-point mode as the tile path adds them.
+          for (int64_t r = r0; r < r1; ++r)
+            for (int t = 0; t < n_tok; ++t)
+              y[tokens[t] * ldy + (r - row_begin)] = acc[r - r0][t][0] + acc[r - r0][t][1];
+        }
+      },
+      1);
+}
+
+}  // namespace dsinfer::backend::cpu::amx::internal
+
+#endif  // DSINFER_AMX_COMPILED
