@@ -7,7 +7,9 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../tolerance.h"
@@ -165,6 +167,11 @@ TEST(Linear, AmxTilesMatchFp64Reference) {
 TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
   if (!amx::Available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  // The probe that enables them for kAuto agrees (unless switched off for a comparison).
+  const char* env = std::getenv("DSINFER_CPU_VECTOR");
+  if (env == nullptr || std::string(env) != "0") {
+    EXPECT_TRUE(amx::VectorInUse());
+  }
   ThreadPool pool(2);
   const Shape shapes[] = {
       {WeightFormat::kFp8Block, 37, 512},  {WeightFormat::kFp8Block, 20, 1120},

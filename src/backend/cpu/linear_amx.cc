@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "backend/cpu/linear_amx_internal.h"
+#include "backend/random_weights.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "core/status.h"
 
 #ifdef DSINFER_AMX_COMPILED
@@ -563,16 +567,54 @@ bool VectorApplies(const WeightMatrix& w, int64_t n_tokens) {
 #endif
 }
 
+#ifdef DSINFER_AMX_COMPILED
 namespace {
+// The vector kernels reproduce the tile unit as measured on the CPUs this project has run on. A
+// CPU whose TDPBF16PS or VDPBF16PS rounded differently would make results depend on the token
+// count, so they are used only after matching the tile path bit for bit on a probe on this
+// machine (FP8 with subnormal codes and FP4, one and two tokens, activations spanning 2^-60..2^40).
+bool VectorMatchesTiles() {
+  ThreadPool serial(1);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  constexpr int64_t kRows = 16, kCols = 1056, kTokens = 2;  // 2 groups and a 1-chunk tail
+  std::vector<float> x(kTokens * kCols);
+  for (int64_t i = 0; i < kTokens * kCols; ++i)
+    x[i] = std::ldexp(normal(rng), static_cast<int>(rng() % 101) - 60);
+  for (int64_t t = 0; t < kTokens; ++t)
+    Fp8RoundTripInPlace(x.data() + t * kCols, static_cast<int>(kCols), 128);
+  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed}) {
+    const HostWeight w =
+        RandomWeight(rng, f, kRows, kCols, {.scale_code_lo = 100, .scale_code_hi = 130});
+    for (int64_t n = 1; n <= kTokens; ++n) {
+      const std::vector<int64_t> tokens =
+          n == 1 ? std::vector<int64_t>{1} : std::vector<int64_t>{0, 1};
+      std::vector<float> tiles(kTokens * kRows, 0.0f), vector(kTokens * kRows, 0.0f);
+      MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, serial, Kernel::kTiles);
+      MatMulRows(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows, serial, Kernel::kVector);
+      if (std::memcmp(tiles.data(), vector.data(), tiles.size() * sizeof(float)) != 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
 // DSINFER_CPU_VECTOR=0 keeps the tile kernels for every batch (to compare; results are the same).
-bool VectorEnabled() {
-  static const bool enabled = [] {  // a setting of this process, read once
+bool VectorInUse() {
+#ifdef DSINFER_AMX_COMPILED
+  if (!Available()) return false;
+  static const bool enabled = [] {  // a fact about this process and machine, settled once
     const char* env = std::getenv("DSINFER_CPU_VECTOR");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    return VectorMatchesTiles();
   }();
   return enabled;
+#else
+  return false;
+#endif
 }
-}  // namespace
 
 void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
                 std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
@@ -584,7 +626,7 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   DSINFER_CHECK_MSG(kernel != Kernel::kVector || VectorApplies(w, n_tok),
                     "the vector kernels take FP8/FP4 weights and at most 2 tokens");
   if (kernel == Kernel::kVector ||
-      (kernel == Kernel::kAuto && VectorEnabled() && VectorApplies(w, n_tok))) {
+      (kernel == Kernel::kAuto && VectorApplies(w, n_tok) && VectorInUse())) {
     MatMulRowsVector(w, row_begin, row_end, x, tokens, y, ldy, pool);
     return;
   }

@@ -54,6 +54,9 @@ bool RowIsBf16Exact(const float* x, int64_t k);
 // environment keeps the tile kernels for kAuto (to compare).
 enum class Kernel { kAuto, kTiles, kVector };
 bool VectorApplies(const model::WeightMatrix& w, int64_t n_tokens);
+// Whether kAuto uses the vector kernels here: not disabled by DSINFER_CPU_VECTOR=0, and they
+// matched the tile path bit for bit on a probe run once on this CPU.
+bool VectorInUse();
 void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
                 std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
                 Kernel kernel = Kernel::kAuto);

@@ -85,7 +85,10 @@ SelfCheckResult CheckMatMul(ThreadPool& pool, WeightFormat format, int64_t m, in
   r.budget = kSelfCheckMatMulRelToSumAbs;
   HostWeight w = RandomWeight(rng, format, rows, cols, {.name = "selfcheck.w"});
   if (quantized_input)
-    r.shape += amx::Available() && amx::Applies(w.view) ? " kernel=amx-bf16" : " kernel=fp32";
+    r.shape += !(amx::Available() && amx::Applies(w.view)) ? " kernel=fp32"
+               : amx::VectorApplies(w.view, m) && amx::VectorInUse()
+                   ? " kernel=avx512-vector (tile-exact)"
+                   : " kernel=amx-bf16";
   std::vector<float> x = RandomFloats(rng, m * cols, 1.0f);  // [m, cols]
   if (quantized_input)
     for (int64_t i = 0; i < m; ++i)
@@ -194,6 +197,10 @@ std::vector<SelfCheckResult> RunCpuSelfCheck(ThreadPool& pool, uint32_t seed) {
   // tile group plus a ragged one.
   for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed, WeightFormat::kBF16})
     out.push_back(CheckMatMul(pool, f, 17, 203, 416, true, rng));
+  // One token of those inputs (the tile-exact AVX-512 kernels where in use): 1056 columns, two
+  // 512-column groups and a tail chunk.
+  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed})
+    out.push_back(CheckMatMul(pool, f, 1, 203, 1056, true, rng));
   out.push_back(CheckRmsNorm(3, 1000, false, rng));
   out.push_back(CheckRmsNorm(3, 1000, true, rng));
   out.push_back(CheckRope(64, false, rng));
