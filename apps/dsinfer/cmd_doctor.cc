@@ -119,6 +119,9 @@ json CpuReport(StageRunner& stages) {
   // Whether the matmuls of the official numerics run on AMX tiles here (CPU, OS permission and
   // DSINFER_CPU_AMX all agree), or on the FP32 AVX2 kernels.
   cpu["matmul_kernel"] = backend::cpu::amx::Available() ? "amx-bf16" : "fp32";
+  // FP8/FP4 at one or two tokens: the AVX-512 kernels that compute the tile unit's exact results
+  // (used only after matching the tiles bit for bit on this CPU).
+  cpu["vector_kernels"] = backend::cpu::amx::VectorInUse();
   cpu["threads"] = std::thread::hardware_concurrency();
   cpu["ram_bytes"] =
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
@@ -305,8 +308,11 @@ int RunDoctor(int argc, char** argv) {
   std::printf("\n  features:");
   for (auto& [k, v] : cpu["features"].items())
     if (v.get<bool>()) std::printf(" %s", k.c_str());
-  std::printf("\n  matmul kernel for the official numerics: %s\n",
-              cpu["matmul_kernel"].get<std::string>().c_str());
+  std::printf("\n  matmul kernel for the official numerics: %s%s\n",
+              cpu["matmul_kernel"].get<std::string>().c_str(),
+              cpu["vector_kernels"].get<bool>()
+                  ? " (FP8/FP4 at 1-2 tokens: avx512-vector, tile-exact)"
+                  : "");
   if (cpu.contains("selfcheck")) {
     std::printf("  self-check vs fp64 (max error / budget):\n");
     for (const json& c : cpu["selfcheck"]["checks"])
