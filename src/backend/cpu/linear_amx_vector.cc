@@ -205,8 +205,8 @@ struct GroupX {
 };
 
 // FP8 pair route: the weight bits read as e4m3 value times 2^-120, the activations are stored
-// times 2^60 and the chunk sums multiplied by 2^(code - 127 + 60), so neither side leaves the
-// normal range for activations between 2^-44 and 2^66.
+// times 2^60 and the chunk sums multiplied by 2^(code - 127 + 60), so the unscaled sums stay
+// normal for activation exponents in [-50, 67] (MatMulRowsVector's bounds).
 constexpr int kFp8PairShift = 60;
 
 // FP8 row r, full groups. Group bytes: 8 chunk pairs of 64; pair i (chunks 2i, 2i+1) holds slot
