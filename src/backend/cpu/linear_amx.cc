@@ -572,23 +572,26 @@ namespace {
 // The vector kernels reproduce the tile unit as measured on the CPUs this project has run on. A
 // CPU whose TDPBF16PS or VDPBF16PS rounded differently would make results depend on the token
 // count, so they are used only after matching the tile path bit for bit on a probe on this
-// machine (FP8 with subnormal codes and FP4, one and two tokens, activations spanning 2^-60..2^40).
+// machine: FP8 with uniform codes (subnormals: the general route) and trained-like codes (the
+// pair route), FP4; two 512-column groups and a tail chunk; one and two tokens, one of them
+// with per-element magnitudes from 2^-60 to 2^40.
 bool VectorMatchesTiles() {
   ThreadPool serial(1);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  constexpr int64_t kRows = 16, kCols = 1056, kTokens = 2;  // 2 groups and a 1-chunk tail
-  std::vector<float> x(kTokens * kCols);
+  constexpr int64_t kRows = 16, kCols = 1056, kTokens = 2;
+  std::vector<float> x(kTokens * kCols);  // [2, kCols]
   for (int64_t i = 0; i < kTokens * kCols; ++i)
-    x[i] = std::ldexp(normal(rng), static_cast<int>(rng() % 101) - 60);
+    x[i] = i < kCols ? normal(rng) : std::ldexp(normal(rng), static_cast<int>(rng() % 101) - 60);
   for (int64_t t = 0; t < kTokens; ++t)
     Fp8RoundTripInPlace(x.data() + t * kCols, static_cast<int>(kCols), 128);
-  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed}) {
-    const HostWeight w =
-        RandomWeight(rng, f, kRows, kCols, {.scale_code_lo = 100, .scale_code_hi = 130});
-    for (int64_t n = 1; n <= kTokens; ++n) {
-      const std::vector<int64_t> tokens =
-          n == 1 ? std::vector<int64_t>{1} : std::vector<int64_t>{0, 1};
+  const std::vector<int64_t> token_sets[] = {{0}, {1}, {0, 1}};
+  for (int kind = 0; kind < 3; ++kind) {
+    const WeightFormat f = kind < 2 ? WeightFormat::kFp8Block : WeightFormat::kFp4Packed;
+    const HostWeight w = RandomWeight(
+        rng, f, kRows, kCols,
+        {.scale_code_lo = 100, .scale_code_hi = 130, .fp8_trained_distribution = kind == 1});
+    for (const std::vector<int64_t>& tokens : token_sets) {
       std::vector<float> tiles(kTokens * kRows, 0.0f), vector(kTokens * kRows, 0.0f);
       MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, serial, Kernel::kTiles);
       MatMulRows(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows, serial, Kernel::kVector);
