@@ -363,9 +363,7 @@ DSINFER_AMX_TARGET inline float ScalarFma(float a, float b, float c) {
 }
 
 // bf16 bits -> fp32, subnormals read as zero (as the tile unit reads its inputs).
-inline float Bf16ToF32Daz(uint16_t bits) {
-  return (bits & 0x7f80) == 0 ? 0.0f : std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
+inline float Bf16ToF32Daz(uint16_t bits) { return (bits & 0x7f80) == 0 ? 0.0f : Bf16ToF32(bits); }
 
 // The chunks past the last full group ([c_begin, chunks), fewer than 16) of row r: converted by
 // the tile path's own conversion into buf and summed with scalar FMAs in the tile unit's order.
@@ -458,10 +456,9 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
       for (int m = 0; m < kSlots; ++m) dst[m * kLanes] = col[order.offsets[m]];
       uint32_t* pairs = xp.data() + t * xp_token + (c / kLanes) * kPairs * kLanes + c % kLanes;
       for (int q = 0; q < kPairs; ++q) {
-        const float high = col[order.offsets[PairSlot(q)]] * pair_factor;
+        const float high = col[order.offsets[PairSlot(q)]] * pair_factor;  // bf16-exact
         const float low = col[order.offsets[PairSlot(q) + 2]] * pair_factor;
-        pairs[q * kLanes] = (std::bit_cast<uint32_t>(high) & 0xffff0000u) |
-                            std::bit_cast<uint32_t>(low) >> 16;  // bf16-exact values
+        pairs[q * kLanes] = static_cast<uint32_t>(F32ToBf16(high)) << 16 | F32ToBf16(low);
       }
     }
   }
