@@ -86,42 +86,31 @@ float F16ToF32(uint16_t h) {
 
 float E4M3ToF32(uint8_t code) { return kE4M3Table[code]; }
 
+// The grid value's bits give the code: below 2^-6 the code is the value in units of 2^-9
+// (up to 8, which is also 2^-6's normal code); above, exponent + 7 and the top 3 mantissa bits.
 uint8_t F32ToE4M3(float f) {
   if (std::isnan(f)) return 0x7f;
   uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
   float a = std::fabs(f);
   if (a >= 448.0f) return sign | 0x7e;  // saturate (the reference clamps to +-448 first)
-  // Exact RNE: find the representable neighbours by magnitude. Codes 0..0x7e are monotonic.
-  // Binary search over the positive half of the table.
-  int lo = 0, hi = 0x7e;
-  while (lo < hi) {  // first code with value >= a
-    int mid = (lo + hi) / 2;
-    if (kE4M3Table[mid] < a)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  int code = lo;
-  if (kE4M3Table[code] != a && code > 0) {
-    float up = kE4M3Table[code], down = kE4M3Table[code - 1];
-    float d_up = up - a, d_down = a - down;  // exact in fp32: neighbours share the binade
-    if (d_down < d_up || (d_down == d_up && ((code - 1) & 1) == 0)) code = code - 1;
-  }
-  return sign | static_cast<uint8_t>(code);
+  float r = RoundToE4M3(a);             // at most 448
+  if (r < 0.015625f) return sign | static_cast<uint8_t>(r * 512.0f);
+  uint32_t u = std::bit_cast<uint32_t>(r);
+  int exponent = static_cast<int>(u >> 23) - 127;
+  return sign | static_cast<uint8_t>(((exponent + 7) << 3) | ((u >> 20) & 7));
 }
 
+// Codes 0..7 hold the grid's magnitudes in order.
 uint8_t F32ToE2M1(float f) {
   if (std::isnan(f)) return 0x7;  // no NaN in e2m1; saturate like the reference's clamp
   uint8_t sign = std::signbit(f) ? 0x8 : 0x0;
   float a = std::fabs(f);
   if (a >= 6.0f) return sign | 0x7;
-  int code = 0;
-  while (code < 7 && kE2M1Values[code + 1] <= a) ++code;  // largest value <= a
-  if (kE2M1Values[code] != a) {
-    float down = kE2M1Values[code], up = kE2M1Values[code + 1];
-    float d_down = a - down, d_up = up - a;
-    if (d_up < d_down || (d_up == d_down && ((code + 1) & 1) == 0)) code = code + 1;
-  }
+  float r = RoundToE2M1(a);
+  // 0, 0.5, 1, 1.5 -> 0..3 (steps of 0.5); 2, 3 -> 4, 5; 4, 6 -> 6, 7.
+  int code = r < 2.0f   ? static_cast<int>(r * 2.0f)
+             : r < 4.0f ? static_cast<int>(r) + 2
+                        : static_cast<int>(r * 0.5f) + 4;
   return sign | static_cast<uint8_t>(code);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/dtype.h"
 
@@ -41,25 +42,32 @@ void ActQuantFp8(const float* x, int n, int block, uint8_t* codes, float* scales
 }
 
 namespace {
-// Per block: x <- bf16(decode(encode(clamp(x / s, +-range))) * s) with s a power of two.
-template <typename Encode, typename Decode>
+// Per block: x <- bf16(grid(clamp(x / s, +-range)) * s) with s a power of two; grid(v) is the
+// format's decode(encode(v)) (core/dtype.h), formed without the codes.
+// A NaN input encodes as the format's NaN code (e4m3) or saturates to +range (e2m1, which has
+// none), as the codec functions do; `nan_decoded` is that code's value.
+template <float (*kRoundToGrid)(float)>
 void RoundTripInPlace(float* x, int n, int block, float amax_floor, float inv_range, float range,
-                      Encode encode, Decode decode) {
+                      float nan_decoded) {
   for (int b0 = 0; b0 < n; b0 += block) {
     int len = std::min(block, n - b0);
     float s = PowerOfTwoScale(BlockAmax(x + b0, len), amax_floor, inv_range);
-    for (int i = 0; i < len; ++i)
-      x[b0 + i] = RoundBf16(decode(encode(std::clamp(x[b0 + i] / s, -range, range))) * s);
+    for (int i = 0; i < len; ++i) {
+      float v = x[b0 + i];
+      float q = std::isnan(v) ? nan_decoded : kRoundToGrid(std::clamp(v / s, -range, range));
+      x[b0 + i] = RoundBf16(q * s);
+    }
   }
 }
 }  // namespace
 
 void Fp8RoundTripInPlace(float* x, int n, int block) {
-  RoundTripInPlace(x, n, block, kFp8AmaxFloor, kInvE4M3Max, kE4M3Max, F32ToE4M3, E4M3ToF32);
+  RoundTripInPlace<RoundToE4M3>(x, n, block, kFp8AmaxFloor, kInvE4M3Max, kE4M3Max,
+                                std::numeric_limits<float>::quiet_NaN());
 }
 
 void Fp4RoundTripInPlace(float* x, int n, int block) {
-  RoundTripInPlace(x, n, block, kFp4AmaxFloor, kInvE2M1Max, kE2M1Max, F32ToE2M1, E2M1ToF32);
+  RoundTripInPlace<RoundToE2M1>(x, n, block, kFp4AmaxFloor, kInvE2M1Max, kE2M1Max, kE2M1Max);
 }
 
 void HadamardInPlace(float* x, int n, bool round_to_bf16) {

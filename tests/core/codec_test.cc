@@ -271,6 +271,56 @@ TEST_F(CodecGolden, E2M1DecodeAndEncode) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// The nearest grid value by exhaustive search over a format's non-negative values (ties to the
+// even index), an oracle independent of the bit arithmetic in RoundToSmallFloatGrid.
+float NearestOnGrid(float v, const std::vector<float>& grid) {
+  float a = std::fabs(v);
+  size_t best = 0;
+  for (size_t i = 1; i < grid.size(); ++i) {
+    double d_best = std::fabs(double{grid[best]} - a), d = std::fabs(double{grid[i]} - a);
+    if (d < d_best || (d == d_best && i % 2 == 0)) best = i;
+  }
+  return std::copysign(grid[best], v);
+}
+
+// Every float whose top 15 mantissa bits vary with three low-bit patterns (all ties and their
+// neighbours included), over every binade from below the smallest subnormal to the format's
+// range, both signs: the grid rounding and the encoders agree with the search.
+TEST(SmallFloatGrid, RoundingAndEncodersMatchANearestValueSearch) {
+  std::vector<float> e4m3, e2m1;
+  for (int c = 0; c < 0x7f; ++c) e4m3.push_back(E4M3ToF32(static_cast<uint8_t>(c)));
+  for (int c = 0; c < 8; ++c) e2m1.push_back(E2M1ToF32(static_cast<uint8_t>(c)));
+  int mismatches = 0;
+  auto check = [&](float x, bool fp8) {
+    float range = fp8 ? 448.0f : 6.0f;
+    if (std::fabs(x) > range) return;
+    float want = NearestOnGrid(x, fp8 ? e4m3 : e2m1);
+    float got = fp8 ? RoundToE4M3(x) : RoundToE2M1(x);
+    float via_code = fp8 ? E4M3ToF32(F32ToE4M3(x)) : E2M1ToF32(F32ToE2M1(x));
+    if ((!SameFloat(got, want) || !SameFloat(via_code, want)) && ++mismatches <= 10)
+      ADD_FAILURE() << (fp8 ? "e4m3" : "e2m1") << " x = " << x << " (bits 0x" << std::hex
+                    << std::bit_cast<uint32_t>(x) << "): grid " << got << ", via code " << via_code
+                    << ", search " << want;
+  };
+  for (int exponent = -14; exponent <= 8; ++exponent) {
+    for (uint32_t top = 0; top < (1u << 15); ++top) {
+      for (uint32_t low : {0u, 1u, 0xffu}) {
+        uint32_t bits = (static_cast<uint32_t>(exponent + 127) << 23) | (top << 8) | low;
+        float x = std::bit_cast<float>(bits);
+        for (float signed_x : {x, -x}) {
+          check(signed_x, true);
+          if (exponent >= -3) check(signed_x, false);
+        }
+      }
+    }
+  }
+  for (float x : {0.0f, -0.0f, 1e-45f, -1e-45f, 448.0f, -448.0f, 6.0f, -6.0f}) {
+    check(x, true);
+    check(x, false);
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 // bf16 fixture rows as fp32 values.
 std::vector<float> Bf16Rows(const std::map<std::string, FixtureTensor>& file,
                             const std::string& name, size_t count) {
