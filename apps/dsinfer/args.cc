@@ -1,6 +1,8 @@
 #include "args.h"
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 namespace dsinfer::cli {
@@ -96,6 +98,29 @@ bool ParseIdList(const std::string& text, std::vector<int32_t>* out) {
     if (j == text.size() - 1) return false;  // trailing comma
   }
   return !out->empty();
+}
+
+std::optional<model::WeightResidency> WeightResidencyFlag(const Args& args) {
+  return model::ParseWeightResidency(args.GetOr("weights", "auto"));
+}
+
+std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
+                                                        model::WeightResidency residency,
+                                                        const char* command,
+                                                        uint64_t reserve_bytes) {
+  const auto start = std::chrono::steady_clock::now();
+  auto weights = model::ModelWeights::Load(dir, residency, reserve_bytes);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "dsinfer %s: %s\n", command, weights.status().ToString().c_str());
+    return nullptr;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "weights: %.2f GB %s (--weights %s) in %.1f s\n",
+               static_cast<double>((*weights)->checkpoint().TotalBytes()) / 1e9,
+               (*weights)->copied() ? "copied into memory" : "mapped from the files",
+               std::string(model::WeightResidencyName(residency)).c_str(), seconds);
+  return std::move(*weights);
 }
 
 }  // namespace dsinfer::cli

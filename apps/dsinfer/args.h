@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "model/weights.h"
+
 namespace dsinfer::cli {
 
 class Args {
@@ -30,6 +32,16 @@ class Args {
   std::vector<std::string> positional_;
   mutable std::string error_;
 };
+
+// --weights auto|map|copy (model::WeightResidency; auto when absent); nullopt when malformed.
+std::optional<model::WeightResidency> WeightResidencyFlag(const Args& args);
+// Loads --model-style `dir` with the --weights choice (reserve_bytes: ResolveWeightResidency)
+// and says on stderr how the weights are held and how long the load took. Errors are printed
+// with `command`; nullptr then.
+std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
+                                                        model::WeightResidency residency,
+                                                        const char* command,
+                                                        uint64_t reserve_bytes = 0);
 
 // "0,5,7" -> {0,5,7}; false on malformed input.
 bool ParseIdList(const std::string& text, std::vector<int32_t>* out);

@@ -254,7 +254,7 @@ int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
       "[--mixed-chunk N] [--decode N] [--repeats N] [--threads N] [--memory BYTES] [--csv FILE] "
-      "[--numerics official|fp32-reference]";
+      "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
   if (argc >= 2 && std::strcmp(argv[1], "serve") == 0) return RunBenchServe(argc - 1, argv + 1);
   if (argc < 2 || std::strcmp(argv[1], "model") != 0) {
@@ -264,7 +264,7 @@ int RunBench(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc - 1, argv + 1,
                   {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
-                   "numerics", "batch", "mixed-chunk", "memory"},
+                   "numerics", "batch", "mixed-chunk", "memory", "weights"},
                   {}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
@@ -295,12 +295,14 @@ int RunBench(int argc, char** argv) {
   backend::Numerics numerics = args.GetOr("numerics", "official") == "official"
                                    ? backend::Numerics::Official()
                                    : backend::Numerics::Fp32Reference();
-  auto weights = model::ModelWeights::Load(*args.Get("model"));
-  if (!weights.ok()) {
-    std::fprintf(stderr, "dsinfer: %s\n", weights.status().ToString().c_str());
-    return 1;
+  const auto residency = WeightResidencyFlag(args);
+  if (!residency) {
+    std::fprintf(stderr, "dsinfer: --weights takes auto, map or copy\nusage: %s\n", usage);
+    return 2;
   }
-  const auto& c = (*weights)->config();
+  auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "bench");
+  if (weights == nullptr) return 1;
+  const auto& c = weights->config();
   ThreadPool pool(static_cast<int>(threads));
   std::fprintf(stderr, "model: %s\nthreads: %d, numerics: %s\n", c.Summary().c_str(), pool.size(),
                numerics.Name().c_str());
@@ -309,7 +311,7 @@ int RunBench(int argc, char** argv) {
                bw.read_gbps, bw.copy_gbps);
   // The probe's buffers are freed; reset the peak-RSS mark so the reported peak is the model's.
   ResetPeakResident();
-  auto cpu = backend::cpu::CpuModel::Create(**weights, numerics, pool);
+  auto cpu = backend::cpu::CpuModel::Create(*weights, numerics, pool);
   if (!cpu.ok()) {
     std::fprintf(stderr, "dsinfer: %s\n", cpu.status().ToString().c_str());
     return 1;
@@ -336,7 +338,7 @@ int RunBench(int argc, char** argv) {
                  "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,"
                  "ratio,peak_rss_bytes\n");
   }
-  ModelBench bench(**weights, **cpu, pool, bw.read_gbps, static_cast<int>(repeats),
+  ModelBench bench(*weights, **cpu, pool, bw.read_gbps, static_cast<int>(repeats),
                    static_cast<int>(decode), csv, pool.size());
   // One sequence grows from frontier to frontier (each prefill step is the chunk between two
   // frontiers); decode and mixed steps run on copies of it at each frontier.
@@ -368,8 +370,9 @@ int RunBench(int argc, char** argv) {
     if (status) break;
   }
   if (csv) std::fclose(csv);
-  std::printf("peak resident memory: %.2f GB (weights are mmapped: pages read count)\n",
-              PeakResidentBytes() / 1e9);
+  std::printf(
+      "peak resident memory: %.2f GB (%s)\n", PeakResidentBytes() / 1e9,
+      weights->copied() ? "weights copied into memory" : "weights are mmapped: pages read count");
   if (status) std::fprintf(stderr, "dsinfer: a forward step failed\n");
   return status;
 }

@@ -214,7 +214,9 @@ int CompareAgainstGolden(const Args& args, const backend::Numerics& numerics,
                          const LogitsThresholds& th) {
   auto golden = io::SafetensorsFile::Open(*args.Get("golden"));
   if (!golden.ok()) return Error(golden.status().ToString());
-  auto weights = model::ModelWeights::Load(*args.Get("model"));
+  const auto residency = WeightResidencyFlag(args);
+  if (!residency) return Error("--weights takes auto, map or copy");
+  auto weights = model::ModelWeights::Load(*args.Get("model"), *residency);
   if (!weights.ok()) return Error(weights.status().ToString());
   const int64_t vocab = (*weights)->config().vocab_size;
   long long threads = 0;
@@ -268,7 +270,8 @@ int CompareAgainstGolden(const Args& args, const backend::Numerics& numerics,
 int RunCompareLogits(int argc, char** argv) {
   const char* usage =
       "dsinfer compare logits (--a FILE --b FILE [--tensor logits] | --model DIR --golden FILE "
-      "[--numerics fp32-reference|official] [--threads N]) [--max-nmse X] [--max-kl X] "
+      "[--numerics fp32-reference|official] [--threads N] [--weights auto|map|copy]) "
+      "[--max-nmse X] [--max-kl X] "
       "[--require-argmax] [--output-json FILE]";
   if (WantsHelp(argc, argv)) {
     std::printf("usage: %s\n", usage);
@@ -277,7 +280,7 @@ int RunCompareLogits(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc, argv,
                   {"a", "b", "tensor", "model", "golden", "numerics", "threads", "max-nmse",
-                   "max-kl", "output-json"},
+                   "max-kl", "output-json", "weights"},
                   {"require-argmax"}))
     return Usage(usage, args.error());
   const bool files = args.Has("a") || args.Has("b");

@@ -91,9 +91,10 @@ int RunInspect(int argc, char** argv) {
 int RunLogits(int argc, char** argv) {
   const char* usage =
       "dsinfer logits --model DIR --ids 0,5,7 --out FILE [--numerics official|fp32-reference] "
-      "[--chunk N]";
+      "[--chunk N] [--weights auto|map|copy]";
   Args args;
-  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads"}, {}) ||
+  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads", "weights"},
+                  {}) ||
       !args.Has("model") || !args.Has("ids") || !args.Has("out"))
     return Usage(usage, args.error());
   std::vector<int32_t> ids;
@@ -104,13 +105,15 @@ int RunLogits(int argc, char** argv) {
     return Usage(usage, args.error());
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
-  auto weights = model::ModelWeights::Load(*args.Get("model"));
-  if (!weights.ok()) return Fail(weights.status());
+  const auto residency = WeightResidencyFlag(args);
+  if (!residency) return Usage(usage, "--weights takes auto, map or copy");
+  auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "logits");
+  if (weights == nullptr) return 1;
   ThreadPool pool(static_cast<int>(threads));
-  auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
+  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
   if (!cpu.ok()) return Fail(cpu.status());
   auto state = (*cpu)->NewSequence();
-  const int64_t vocab = (*weights)->config().vocab_size;
+  const int64_t vocab = weights->config().vocab_size;
   std::vector<float> all;
   all.reserve(ids.size() * vocab);
   size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
@@ -136,11 +139,11 @@ int RunGenerate(int argc, char** argv) {
       "[--max-tokens N] "
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
-      "[--tokenizer FILE]";
+      "[--tokenizer FILE] [--weights auto|map|copy]";
   Args args;
   if (!args.Parse(argc, argv,
                   {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
-                   "seed", "numerics", "threads", "tokenizer"},
+                   "seed", "numerics", "threads", "tokenizer", "weights"},
                   {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
@@ -191,15 +194,17 @@ int RunGenerate(int argc, char** argv) {
   }
   if (ids.empty()) return Usage(usage, "the prompt is empty");
 
-  auto weights = model::ModelWeights::Load(model_dir);
-  if (!weights.ok()) return Fail(weights.status());
+  const auto residency = WeightResidencyFlag(args);
+  if (!residency) return Usage(usage, "--weights takes auto, map or copy");
+  auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate");
+  if (weights == nullptr) return 1;
   ThreadPool pool(static_cast<int>(threads));
-  auto cpu = backend::cpu::CpuModel::Create(**weights, *numerics, pool);
+  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
   if (!cpu.ok()) return Fail(cpu.status());
   auto state = (*cpu)->NewSequence();
   runtime::SamplingParams sp{
       temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed), true};
-  const int eos = (*weights)->config().eos_token_id;
+  const int eos = weights->config().eos_token_id;
 
   std::optional<text::StreamingDetokenizer> detok;
   if (tokenizer) detok.emplace(*tokenizer);

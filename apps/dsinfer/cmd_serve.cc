@@ -15,12 +15,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "args.h"
 #include "commands.h"
+#include "core/system_memory.h"
 #include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/demo_model.h"
@@ -45,7 +47,8 @@ constexpr const char* kUsage =
     "BYTES|NGiB|NMiB|FRACTION]\n"
     "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
-    "              [--shutdown-timeout SECONDS] [--no-default-thinking]";
+    "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
+    "[--no-default-thinking]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -78,9 +81,9 @@ bool ParseMemory(const std::string& text, int64_t* out) {
   else if (!suffix.empty())
     return false;
   if (suffix.empty() && value < 1.0) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages <= 0 || page <= 0) return false;
-    *out = static_cast<int64_t>(value * static_cast<double>(pages) * static_cast<double>(page));
+    const std::optional<int64_t> total = TotalMemoryBytes();
+    if (!total) return false;
+    *out = static_cast<int64_t>(value * static_cast<double>(*total));
     return true;
   }
   *out = static_cast<int64_t>(value * scale);
@@ -122,10 +125,26 @@ std::string FindTokenizer(const std::string& model_dir, const std::string& flag)
 int RunServe(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc, argv,
-                  {"model", "host", "port", "api-key", "api-key-file", "served-model-name",
-                   "tokenizer", "model-version", "max-num-seqs", "max-num-batched-tokens",
-                   "kv-cache-memory", "max-queue", "max-model-len", "threads", "max-tokens-limit",
-                   "default-max-tokens", "max-connections", "max-body-bytes", "shutdown-timeout"},
+                  {"model",
+                   "host",
+                   "port",
+                   "api-key",
+                   "api-key-file",
+                   "served-model-name",
+                   "tokenizer",
+                   "model-version",
+                   "max-num-seqs",
+                   "max-num-batched-tokens",
+                   "kv-cache-memory",
+                   "max-queue",
+                   "max-model-len",
+                   "threads",
+                   "max-tokens-limit",
+                   "default-max-tokens",
+                   "max-connections",
+                   "max-body-bytes",
+                   "shutdown-timeout",
+                   "weights"},
                   {"no-default-thinking"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -158,6 +177,8 @@ int RunServe(int argc, char** argv) {
     if (!ParseMemory(*kv, &engine_options.kv_cache_bytes))
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");
   }
+  const auto residency = WeightResidencyFlag(args);
+  if (!residency) return Usage("--weights takes auto, map or copy");
 
   server::ServiceOptions service_options;
   service_options.served_model_name = args.GetOr("served-model-name", "deepseek-v4-flash");
@@ -220,12 +241,13 @@ int RunServe(int argc, char** argv) {
   }
   auto t0 = Clock::now();
   Log("loading weights from %s%s", model_dir);
-  auto weights = model::ModelWeights::Load(model_dir);
-  if (!weights.ok()) {
-    std::fprintf(stderr, "dsinfer serve: %s\n", weights.status().ToString().c_str());
-    return 1;
-  }
-  Log("weights loaded: %s%s", (*weights)->config().Summary());
+  // The copy must leave room for the KV budget (the engine's default: a quarter of RAM).
+  const int64_t kv_reserve = engine_options.kv_cache_bytes > 0 ? engine_options.kv_cache_bytes
+                                                               : TotalMemoryBytes().value_or(0) / 4;
+  auto weights =
+      LoadWeightsOrPrint(model_dir, *residency, "serve", static_cast<uint64_t>(kv_reserve));
+  if (weights == nullptr) return 1;
+  Log("weights loaded: %s%s", weights->config().Summary());
   std::string tokenizer_path = FindTokenizer(model_dir, args.GetOr("tokenizer", ""));
   auto tokenizer = text::Tokenizer::FromFile(tokenizer_path);
   if (!tokenizer.ok()) {
@@ -234,7 +256,7 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
-  auto engine = runtime::Engine::Create(**weights, engine_options);
+  auto engine = runtime::Engine::Create(*weights, engine_options);
   if (!engine.ok()) {
     std::fprintf(stderr, "dsinfer serve: %s\n", engine.status().ToString().c_str());
     return 1;

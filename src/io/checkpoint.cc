@@ -140,4 +140,15 @@ uint64_t Checkpoint::TotalBytes() const {
   return total;
 }
 
+Status Checkpoint::CopyIntoMemory() {
+  for (const auto& shard : shards_) DSINFER_RETURN_IF_ERROR(shard->CopyIntoMemory());
+  return Status::Ok();
+}
+
+bool Checkpoint::copied() const {
+  for (const auto& shard : shards_)
+    if (!shard->mapped_file().copied()) return false;
+  return true;
+}
+
 }  // namespace dsinfer::io

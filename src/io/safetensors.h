@@ -66,6 +66,8 @@ class SafetensorsFile {
   uint64_t file_size() const { return file_->size(); }
   // For page-cache hints (MappedFile::AdviseWillNeed) over a tensor's file range.
   const MappedFile& mapped_file() const { return *file_; }
+  // MappedFile::CopyIntoMemory: TensorRefs taken before point into the dropped mapping.
+  Status CopyIntoMemory() { return file_->CopyIntoMemory(); }
   uint64_t data_section_offset() const { return data_offset_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -97,6 +99,11 @@ class Checkpoint {
   TensorRef Find(const std::string& name) const;
   std::vector<std::string> TensorNames() const;  // sorted
   uint64_t TotalBytes() const;                   // sum of all shard file sizes
+  // Every shard copied into anonymous memory (MappedFile::CopyIntoMemory), before any TensorRef
+  // is taken: earlier ones point into the dropped mappings. On error some shards may be copied;
+  // the checkpoint stays valid either way.
+  Status CopyIntoMemory();
+  bool copied() const;  // every shard copied
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
 
  private:

@@ -1,7 +1,9 @@
 #include "model/weights.h"
 
+#include <cstdio>
 #include <cstring>
 
+#include "core/system_memory.h"
 #include "io/json_file.h"
 
 namespace dsinfer::model {
@@ -313,9 +315,62 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(
   return mw;
 }
 
-Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir) {
+std::optional<WeightResidency> ParseWeightResidency(std::string_view name) {
+  if (name == "auto") return WeightResidency::kAuto;
+  if (name == "map") return WeightResidency::kMap;
+  if (name == "copy") return WeightResidency::kCopy;
+  return std::nullopt;
+}
+
+std::string_view WeightResidencyName(WeightResidency residency) {
+  switch (residency) {
+    case WeightResidency::kAuto:
+      return "auto";
+    case WeightResidency::kMap:
+      return "map";
+    case WeightResidency::kCopy:
+      return "copy";
+  }
+  return "?";
+}
+
+Result<WeightResidency> ResolveWeightResidency(WeightResidency requested, uint64_t checkpoint_bytes,
+                                               uint64_t reserve_bytes,
+                                               std::optional<int64_t> available_bytes) {
+  const auto gib = [](uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / double(int64_t{1} << 30));
+    return std::string(text);
+  };
+  const uint64_t available = available_bytes ? static_cast<uint64_t>(*available_bytes) : 0;
+  const uint64_t needed = checkpoint_bytes + reserve_bytes;
+  switch (requested) {
+    case WeightResidency::kMap:
+      return WeightResidency::kMap;
+    case WeightResidency::kAuto:
+      return available_bytes && needed <= available / 10 * 9 ? WeightResidency::kCopy
+                                                             : WeightResidency::kMap;
+    case WeightResidency::kCopy:
+      if (available_bytes && needed > available)
+        return ResourceExhausted("copying the weights into memory needs " + gib(checkpoint_bytes) +
+                                 " GiB (plus " + gib(reserve_bytes) + " GiB reserved), " +
+                                 gib(available) +
+                                 " GiB are available: map them instead (--weights map)");
+      return WeightResidency::kCopy;
+  }
+  return WeightResidency::kMap;
+}
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir,
+                                                         WeightResidency residency,
+                                                         uint64_t reserve_bytes) {
   DSINFER_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
   DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<io::Checkpoint> checkpoint, io::Checkpoint::Open(dir));
+  DSINFER_ASSIGN_OR_RETURN(WeightResidency resolved,
+                           ResolveWeightResidency(residency, checkpoint->TotalBytes(),
+                                                  reserve_bytes, AvailableMemoryBytes()));
+  // Before Bind: the views point into wherever the bytes are.
+  if (resolved == WeightResidency::kCopy) DSINFER_RETURN_IF_ERROR(checkpoint->CopyIntoMemory());
   return Bind(config, std::move(checkpoint));
 }
 

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -119,16 +121,40 @@ struct LayerWeights {
   HcParams hc_head;
 };
 
+// Where the weights live while the model runs.
+enum class WeightResidency {
+  kAuto,  // kCopy when the copy fits (ResolveWeightResidency), else kMap
+  kMap,   // the files mmapped: starts at once, pages shared with the page cache
+  kCopy,  // copied into anonymous memory at load (io::MappedFile::CopyIntoMemory): the kernels
+          // stream it faster (docs/PERF.md), at the cost of the copy and resident memory
+};
+// "auto", "map", "copy"; nullopt for anything else.
+std::optional<WeightResidency> ParseWeightResidency(std::string_view name);
+std::string_view WeightResidencyName(WeightResidency residency);
+// What Load does for `requested`, given the checkpoint's size, the memory the caller will need
+// besides (reserve: e.g. the KV cache budget) and the memory available now (nullopt: unknown).
+// kAuto copies when checkpoint + reserve fit in 90 % of the available memory (the rest for
+// activations and the system), else maps, and maps when availability is unknown. kCopy fails
+// with a clear error when checkpoint + reserve exceed the available memory. Pure.
+Result<WeightResidency> ResolveWeightResidency(WeightResidency requested, uint64_t checkpoint_bytes,
+                                               uint64_t reserve_bytes,
+                                               std::optional<int64_t> available_bytes);
+
 class ModelWeights {
  public:
   // Opens the checkpoint directory (config.json + safetensors), validates every tensor.
-  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& dir);
+  // `reserve_bytes`: see ResolveWeightResidency.
+  static Result<std::unique_ptr<ModelWeights>> Load(
+      const std::string& dir, WeightResidency residency = WeightResidency::kMap,
+      uint64_t reserve_bytes = 0);
   // Binds an already-open checkpoint against a config (used by tests).
   static Result<std::unique_ptr<ModelWeights>> Bind(const ModelConfig& config,
                                                     std::unique_ptr<io::Checkpoint> checkpoint);
 
   const ModelConfig& config() const { return config_; }
   const io::Checkpoint& checkpoint() const { return *checkpoint_; }
+  // Whether the weights were copied into memory (WeightResidency::kCopy), else mmapped.
+  bool copied() const { return checkpoint_->copied(); }
 
   TensorView embed;   // [vocab, hidden] bf16
   WeightMatrix head;  // [vocab, hidden] bf16 (fp32 logits)

@@ -4,15 +4,15 @@
 // (4) runs one batched forward, (5) samples and streams tokens.
 #include "runtime/engine.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <list>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "backend/cpu/cpu_model.h"
+#include "core/system_memory.h"
 #include "core/thread_pool.h"
 #include "runtime/prefix_cache.h"
 
@@ -50,9 +50,8 @@ uint64_t SampleSeed(uint64_t seed, int index) {
 }
 
 int64_t DefaultKvBudget() {
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return int64_t{4} << 30;
-  return static_cast<int64_t>(pages) * page / 4;
+  const std::optional<int64_t> total = TotalMemoryBytes();
+  return total ? *total / 4 : int64_t{4} << 30;
 }
 
 }  // namespace

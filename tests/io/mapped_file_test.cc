@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 
@@ -124,6 +126,41 @@ TEST(MappedFileTest, AdviseClampsRanges) {
   EXPECT_TRUE((*file)->AdviseWillNeed(123, 1).ok());       // unaligned start: rounded down
   EXPECT_TRUE((*file)->AdviseWillNeed(20000, 5).ok());     // wholly outside: no-op
   EXPECT_EQ((*file)->bytes()[9999], 3);
+}
+
+// The copy holds the same bytes at a new, 2 MiB aligned address; the page-cache hints leave
+// them alone (MADV_DONTNEED on anonymous memory would zero them); a second copy is a no-op.
+TEST(MappedFileTest, CopyIntoMemoryKeepsTheBytesAndIgnoresHints) {
+  ScratchDir dir;
+  std::vector<uint8_t> want(3 * 4096 + 17);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<uint8_t>(i * 131 + 7);
+  WriteBytes(dir.File("f"), want);
+  auto file = MappedFile::Open(dir.File("f"));
+  ASSERT_TRUE(file.ok());
+  EXPECT_FALSE((*file)->copied());
+  const uint8_t* mapped = (*file)->bytes().data();
+  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  EXPECT_TRUE((*file)->copied());
+  const uint8_t* copy = (*file)->bytes().data();
+  EXPECT_NE(copy, mapped);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy) % (uintptr_t{2} << 20), 0u);
+  ASSERT_EQ((*file)->size(), want.size());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
+  EXPECT_TRUE((*file)->AdviseDontNeed(0, want.size()).ok());
+  EXPECT_TRUE((*file)->AdviseWillNeed(0, want.size()).ok());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
+  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  EXPECT_EQ((*file)->bytes().data(), copy);
+}
+
+TEST(MappedFileTest, CopyIntoMemoryOfAnEmptyFile) {
+  ScratchDir dir;
+  WriteBytes(dir.File("empty"), {});
+  auto file = MappedFile::Open(dir.File("empty"));
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  EXPECT_TRUE((*file)->copied());
+  EXPECT_EQ((*file)->size(), 0u);
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -137,6 +139,49 @@ TEST(ModelWeights, LoadIsZeroCopy) {
   std::printf("checkpoint %.1f MB; resident set grew by %.1f MB after Load (%.1f%%)\n", size / 1e6,
               grown / 1e6, 100.0 * grown / size);
   EXPECT_LT(grown, 0.1 * size);
+}
+
+// --weights copy: every view points into the copy and reads the same bytes as the mapped load.
+TEST(ModelWeights, CopiedLoadBindsTheSameBytes) {
+  auto mapped = ModelWeights::Load(TinyDir(), WeightResidency::kMap);
+  auto copied = ModelWeights::Load(TinyDir(), WeightResidency::kCopy);
+  ASSERT_TRUE(mapped.ok() && copied.ok()) << copied.status().ToString();
+  EXPECT_FALSE((*mapped)->copied());
+  EXPECT_TRUE((*copied)->copied());
+  const WeightMatrix& a = (*mapped)->head;
+  const WeightMatrix& b = (*copied)->head;
+  ASSERT_EQ(a.Bytes(), b.Bytes());
+  EXPECT_NE(a.data, b.data);
+  EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<size_t>(a.Bytes())), 0);
+  const WeightMatrix& wa = (*mapped)->layers[1].experts[0].w2;
+  const WeightMatrix& wb = (*copied)->layers[1].experts[0].w2;
+  EXPECT_EQ(std::memcmp(wa.data, wb.data, static_cast<size_t>(wa.Bytes())), 0);
+  EXPECT_EQ(std::memcmp(wa.scales, wb.scales, static_cast<size_t>(wa.rows * wa.scale_cols)), 0);
+}
+
+TEST(ModelWeights, ResidencyChoice) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  const auto resolve = [](WeightResidency r, uint64_t bytes, uint64_t reserve,
+                          std::optional<int64_t> available) {
+    return ResolveWeightResidency(r, bytes, reserve, available);
+  };
+  // auto: a copy only with 10 % of the available memory to spare after weights + reserve.
+  EXPECT_EQ(*resolve(WeightResidency::kAuto, 12 * kGiB, 6 * kGiB, 20 * kGiB),
+            WeightResidency::kCopy);
+  EXPECT_EQ(*resolve(WeightResidency::kAuto, 12 * kGiB, 7 * kGiB, 20 * kGiB),
+            WeightResidency::kMap);
+  EXPECT_EQ(*resolve(WeightResidency::kAuto, 1, 0, std::nullopt), WeightResidency::kMap);
+  EXPECT_EQ(*resolve(WeightResidency::kMap, 1, 0, 100 * kGiB), WeightResidency::kMap);
+  // copy: an error naming the sizes and the way out when it cannot fit; unknown memory: tried.
+  auto too_big = resolve(WeightResidency::kCopy, 150 * kGiB, 0, 100 * kGiB);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("150.0 GiB"), std::string::npos);
+  EXPECT_NE(too_big.status().message().find("--weights map"), std::string::npos);
+  EXPECT_EQ(*resolve(WeightResidency::kCopy, 150 * kGiB, 0, std::nullopt), WeightResidency::kCopy);
+  for (auto r : {WeightResidency::kAuto, WeightResidency::kMap, WeightResidency::kCopy})
+    EXPECT_EQ(ParseWeightResidency(WeightResidencyName(r)), r);
+  EXPECT_FALSE(ParseWeightResidency("mmap").has_value());
 }
 
 }  // namespace
