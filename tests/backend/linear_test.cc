@@ -14,6 +14,7 @@
 
 #include "../tolerance.h"
 #include "backend/cpu/linear_amx.h"
+#include "backend/cpu/linear_amx_internal.h"
 #include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "core/quant.h"
@@ -218,6 +219,67 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
           }
       }
 }
+
+#ifdef DSINFER_AMX_COMPILED
+// The FP4 integer route (activations that are small integers times a power of two, summed
+// exactly) against the tiles bit for bit, at the edges of the scale range it accepts: taken just
+// inside them, with the largest integers and weights (partial sums near 2^24 units, the smallest
+// unit 2^-126, the largest 2^103), and not taken just outside; nor for chunks whose integers
+// reach 2^15 (one past int16), while bf16 Gaussians take whichever route fits.
+TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
+  if (!amx::Available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  ThreadPool pool(2);
+  constexpr int64_t kRows = 32, kCols = 1024 + 96;  // two whole groups and a tail
+  constexpr int64_t kGroupRows = kRows * 2;
+  struct Case {
+    int code, shift;
+    bool integer;
+  };
+  const Case cases[] = {{2, 0, true},     {2, -1, false},   {1, 5, false},
+                        {127, -20, true}, {252, -21, true}, {252, -20, false},
+                        {200, 31, true},  {200, 32, false}, {60, 68, true}};
+  enum class Kind { kIntegers, kTooWide, kGaussian };
+  uint32_t seed = 900;
+  for (const Case& c : cases)
+    for (Kind kind : {Kind::kIntegers, Kind::kTooWide, Kind::kGaussian}) {
+      std::mt19937 rng(++seed);
+      HostWeight w =
+          RandomWeight(rng, WeightFormat::kFp4Packed, kRows, kCols,
+                       {.scale_code_lo = c.code, .scale_code_hi = c.code, .name = "int.weight"});
+      std::vector<float> x(2 * kCols);  // [2, kCols]
+      std::normal_distribution<float> normal;
+      for (int64_t i = 0; i < 2 * kCols; ++i) {
+        // Integers with at most 8 significant bits (bf16-exact) up to 255 * 2^7, an odd one at
+        // the start of every chunk (its lowest set bit is 2^shift) and, too wide, 2^15 next.
+        int magnitude = static_cast<int>(rng() % 256) << (rng() % 8);
+        if (i % 32 == 0) magnitude = 1 + 2 * static_cast<int>(rng() % 128);
+        if (i % 32 == 1 && kind == Kind::kTooWide) magnitude = 1 << 15;
+        const float sign = rng() % 2 ? -1.0f : 1.0f;
+        x[i] = kind == Kind::kGaussian ? RoundBf16(normal(rng) * std::ldexp(1.0f, c.shift + 8))
+                                       : sign * std::ldexp(static_cast<float>(magnitude), c.shift);
+      }
+      for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
+        std::vector<float> tiles(2 * kRows, 7.0f), vector(2 * kRows, 7.0f);
+        amx::MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, pool,
+                        amx::Kernel::kTiles);
+        amx::internal::VectorRoutes routes;
+        amx::internal::MatMulRowsVector(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows,
+                                        pool, &routes);
+        for (size_t i = 0; i < tiles.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(tiles[i]), std::bit_cast<uint32_t>(vector[i]))
+              << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind)
+              << " tokens " << tokens.size() << " at " << i << ": tiles " << tiles[i] << " vector "
+              << vector[i];
+        EXPECT_EQ(routes.integer + routes.pairs + routes.general, kGroupRows);
+        if (kind != Kind::kGaussian) {
+          EXPECT_EQ(routes.integer, c.integer && kind == Kind::kIntegers ? kGroupRows : 0)
+              << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind);
+        }
+      }
+    }
+}
+#endif
 
 }  // namespace
 }  // namespace dsinfer::backend::cpu

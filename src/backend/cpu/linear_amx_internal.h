@@ -95,9 +95,16 @@ void ConvertBlock(const model::WeightMatrix& w, int64_t r0, int nr, int64_t b, i
 // The vector kernels' share of MatMulRows (same contract), for FP8/FP4 weights and at most
 // kVectorMaxTokens tokens (measured, docs/PERF.md: at 4 tokens the tile unit is faster again).
 constexpr int kVectorMaxTokens = 2;
+// How many 512-column row groups took each route (linear_amx_vector.cc): for tests and
+// benchmarks that need to know a route ran.
+struct VectorRoutes {
+  int64_t integer = 0;  // FP4, exact integer sums
+  int64_t pairs = 0;    // bf16 pairs, VDPBF16PS
+  int64_t general = 0;  // fp32 FMAs
+};
 void MatMulRowsVector(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end,
                       const float* x, std::span<const int64_t> tokens, float* y, int64_t ldy,
-                      ThreadPool& pool);
+                      ThreadPool& pool, VectorRoutes* routes = nullptr);
 #endif
 
 }  // namespace dsinfer::backend::cpu::amx::internal

@@ -32,6 +32,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "backend/cpu/linear_amx_internal.h"
@@ -53,10 +54,12 @@ constexpr int kSlots = kTileK;               // tile positions per chunk
 constexpr int kRowsPerScope = 64;            // rows summed per flush-to-zero scope
 
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which trips
-// -Wmaybe-uninitialized when they are inlined into a target("avx512f") function (GCC bug 105593).
+// -Wmaybe-uninitialized (or -Wuninitialized, depending on inlining) when they are inlined into a
+// target("avx512f") function (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 // MXCSR's flush-to-zero bit for the scope (the tile unit's treatment of subnormal results).
@@ -151,20 +154,24 @@ DSINFER_AMX_TARGET inline bool AllIn(__m512i e, int lo, int hi) {
 
 // The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX),
 // go into the even and odd chains in chunk order.
+// Chunk sums (lane = chunk of the group) into token t's two chains, in chunk order.
+DSINFER_AMX_TARGET inline void FoldSums(__m512 sums, float* acc) {
+  alignas(64) float s[kLanes];
+  _mm512_store_ps(s, sums);
+  float c0 = acc[0], c1 = acc[1];
+  for (int j = 0; j < kLanes; j += 2) {
+    c0 += s[j];
+    c1 += s[j + 1];
+  }
+  acc[0] = c0;
+  acc[1] = c1;
+}
+
 template <int T>
 DSINFER_AMX_TARGET inline void FoldGroup(const __m512 (&even)[T], const __m512 (&odd)[T],
                                          __m512 scales, float (*acc)[2]) {
-  alignas(64) float s[kLanes];
-  for (int t = 0; t < T; ++t) {
-    _mm512_store_ps(s, _mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), scales));
-    float c0 = acc[t][0], c1 = acc[t][1];
-    for (int j = 0; j < kLanes; j += 2) {
-      c0 += s[j];
-      c1 += s[j + 1];
-    }
-    acc[t][0] = c0;
-    acc[t][1] = c1;
-  }
+  for (int t = 0; t < T; ++t)
+    FoldSums(_mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), scales), acc[t]);
 }
 
 // One slot's 16 weights (fp32, lane = chunk) against T tokens' activations for that slot.
@@ -202,6 +209,17 @@ struct GroupX {
   int64_t xp_token;
   const int16_t* code_lo;  // [groups]
   const int16_t* code_hi;  // [groups]
+  // FP4 integer route (Fp4IntegerGroup): ai [token][group][block][j][32] int16, word k of
+  // (block, j) being column 128 block + 4 k + j of the group times 2^-shift of its chunk; per
+  // token and chunk [token][chunk] the shift and the scale codes [int_lo, int_hi] for which the
+  // route is exact; int_group [group]: every chunk of the group is an integer for every token.
+  const int16_t* ai;
+  int64_t ai_token;
+  const int32_t* int_shift;
+  const int32_t* int_lo;
+  const int32_t* int_hi;
+  int64_t int_token;
+  const uint8_t* int_group;
 };
 
 // FP8 pair route: the weight bits read as e4m3 value times 2^-120, the activations are stored
@@ -219,12 +237,15 @@ constexpr int kFp8PairShift = 60;
 // the same bits in the top byte of a dword read as fp32 value times 2^-120 for every code, and a
 // scalef makes the weight exactly, flushed as the tile unit flushes.
 template <int T>
-DSINFER_AMX_TARGET void Fp8Row(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
-                               float (*acc)[2]) {
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const WeightMatrix& w,
+                                                                       int64_t r, int64_t g,
+                                                                       const GroupX& x,
+                                                                       float (*acc)[2],
+                                                                       VectorRoutes& routes) {
   const uint8_t* row = w.data + r * w.cols;
   const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
   const __m128i repeat4 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  for (int64_t g = 0; g < groups; ++g) {
+  {
     const uint8_t* p = row + g * kGroupCols;
     // Lane j's chunk lies in column block 4 g + j / 4.
     uint32_t four = 0;
@@ -253,7 +274,9 @@ DSINFER_AMX_TARGET void Fp8Row(const WeightMatrix& w, int64_t r, int64_t groups,
     __m512 even[T], odd[T];
     for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
     __m512 scales = _mm512_set1_ps(1.0f);
-    if (subnormal == 0 && AllIn(codes, x.code_lo[g], x.code_hi[g])) {
+    const bool pairs = subnormal == 0 && AllIn(codes, x.code_lo[g], x.code_hi[g]);
+    ++(pairs ? routes.pairs : routes.general);
+    if (pairs) {
       scales = _mm512_castsi512_ps(
           _mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(kFp8PairShift)), 23));
       const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
@@ -290,6 +313,91 @@ DSINFER_AMX_TARGET void Fp8Row(const WeightMatrix& w, int64_t r, int64_t groups,
   }
 }
 
+// FP4 integer route. Twice an e2m1 value is an integer in [-12, 12] (kFp4IntTable, indexed by the
+// code, twice over as kFp4Table), and when a chunk's activations are integers A times 2^shift
+// with |A| <= 32767, every partial sum the tile unit forms for that chunk is an integer multiple
+// of u = 2^(shift - 1 + code - 127) below 12 * 32 * 32767 < 2^24 times u: exact in fp32. The
+// tile unit's chains then add without rounding, so the chunk's e + o is the exact sum, whatever
+// the order, and integer dot products (VPDPWSSD: 32 products per instruction and no conversion
+// to bf16) give it bit for bit. Exact while u is normal and 2^24 u finite: shift + code in
+// [2, 231], with code in [2, 252] for normal, finite weights (MatMulRowsVector's int_lo/int_hi).
+alignas(64) constexpr std::array<int16_t, 32> kFp4IntTable = {
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Dword lanes of sums[b] (b = 0..3) hold 4 partial sums for each of chunks 4 b .. 4 b + 3, in
+// order; their totals with lane = chunk. Integer adds: any order is exact.
+DSINFER_AMX_TARGET inline __m512i ChunkTotals(const __m512i (&sums)[4]) {
+  alignas(64) static constexpr std::array<std::array<int32_t, 16>, 2> kPairOf = [] {
+    std::array<std::array<int32_t, 16>, 2> idx{};  // [first/second of a pair][lane]
+    for (int l = 0; l < 16; ++l) {
+      const int c = l / 2, h = l % 2;  // lane l: half h of chunk c's four sums
+      idx[0][l] = (c < 4 ? 0 : 16) + 4 * (c % 4) + 2 * h;
+      idx[1][l] = idx[0][l] + 1;
+    }
+    return idx;
+  }();
+  alignas(64) static constexpr std::array<std::array<int32_t, 16>, 2> kHalfOf = [] {
+    std::array<std::array<int32_t, 16>, 2> idx{};
+    for (int c = 0; c < 16; ++c) {
+      idx[0][c] = c < 8 ? 2 * c : 16 + 2 * (c - 8);
+      idx[1][c] = idx[0][c] + 1;
+    }
+    return idx;
+  }();
+  const __m512i a = _mm512_load_si512(kPairOf[0].data()), b = _mm512_load_si512(kPairOf[1].data());
+  const __m512i lo = _mm512_add_epi32(_mm512_permutex2var_epi32(sums[0], a, sums[1]),
+                                      _mm512_permutex2var_epi32(sums[0], b, sums[1]));
+  const __m512i hi = _mm512_add_epi32(_mm512_permutex2var_epi32(sums[2], a, sums[3]),
+                                      _mm512_permutex2var_epi32(sums[2], b, sums[3]));
+  const __m512i c = _mm512_load_si512(kHalfOf[0].data()), d = _mm512_load_si512(kHalfOf[1].data());
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(lo, c, hi),
+                          _mm512_permutex2var_epi32(lo, d, hi));
+}
+
+// Whether every chunk of group g takes the integer route with these scale codes, for every token.
+template <int T>
+DSINFER_AMX_TARGET inline bool IntegerCodesFit(__m512i codes, const GroupX& x, int64_t g) {
+  if (x.int_group[g] == 0) return false;
+  for (int t = 0; t < T; ++t) {
+    const int64_t at = t * x.int_token + g * kLanes;
+    const __mmask16 ok = _mm512_cmpge_epi32_mask(codes, _mm512_loadu_si512(x.int_lo + at)) &
+                         _mm512_cmple_epi32_mask(codes, _mm512_loadu_si512(x.int_hi + at));
+    if (ok != 0xffff) return false;
+  }
+  return true;
+}
+
+// Group g of an FP4 row (z: its 256 bytes, 4 blocks of 4 chunks) by exact integer sums. Word k
+// of block b holds the codes of columns 4 k .. 4 k + 3 of the block, one per nibble: a word
+// shift by 4 j and a word-table lookup give twice the weight of column 4 k + j, and its pair
+// (words 2 d, 2 d + 1, one chunk) goes to dword d with the activations laid out alike (ai).
+template <int T>
+DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i codes,
+                                               const GroupX& x, int64_t g, float (*acc)[2]) {
+  const __m512i table = _mm512_load_si512(kFp4IntTable.data());
+  __m512i sums[T][4];
+  for (int t = 0; t < T; ++t)
+    for (int b = 0; b < 4; ++b) sums[t][b] = _mm512_setzero_si512();
+  const int16_t* ag = x.ai + g * kGroupCols;
+  for (int b = 0; b < 4; ++b)
+    for (int j = 0; j < 4; ++j) {
+      const __m512i w =
+          _mm512_permutexvar_epi16(j == 0 ? z[b] : _mm512_srli_epi16(z[b], 4 * j), table);
+      for (int t = 0; t < T; ++t)
+        sums[t][b] = _mm512_dpwssd_epi32(sums[t][b], w,
+                                         _mm512_load_si512(ag + t * x.ai_token + (4 * b + j) * 32));
+    }
+  for (int t = 0; t < T; ++t) {
+    // The chunk's unit 2^(shift - 1 + code - 127): exponent field shift + code - 1, in [1, 251].
+    const __m512i field = _mm512_add_epi32(
+        _mm512_add_epi32(_mm512_loadu_si512(x.int_shift + t * x.int_token + g * kLanes), codes),
+        _mm512_set1_epi32(-1));
+    const __m512 unit = _mm512_castsi512_ps(_mm512_slli_epi32(field, 23));
+    FoldSums(_mm512_mul_ps(_mm512_cvtepi32_ps(ChunkTotals(sums[t])), unit), acc[t]);
+  }
+}
+
 // FP4 row r, full groups. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte
 // 2 ml + mh / 2 (Fp4ChunkColumn), so one gather of bytes serves a low-nibble slot and the slot 8
 // further on.
@@ -298,20 +406,31 @@ DSINFER_AMX_TARGET void Fp8Row(const WeightMatrix& w, int64_t r, int64_t groups,
 // General route: fp32 e2m1 values times the lane's scale (exact, flushed as the tile unit
 // flushes), FMAs.
 template <int T>
-DSINFER_AMX_TARGET void Fp4Row(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
-                               float (*acc)[2]) {
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const WeightMatrix& w,
+                                                                       int64_t r, int64_t g,
+                                                                       const GroupX& x,
+                                                                       float (*acc)[2],
+                                                                       VectorRoutes& routes) {
   const uint8_t* row = w.data + r * (w.cols / 2);
   const uint8_t* scale_codes = w.scales + r * w.scale_cols;
-  for (int64_t g = 0; g < groups; ++g) {
+  {
     const uint8_t* p = row + g * (kGroupCols / 2);
-    const __m512i z0 = _mm512_loadu_si512(p), z1 = _mm512_loadu_si512(p + 64);
-    const __m512i z2 = _mm512_loadu_si512(p + 128), z3 = _mm512_loadu_si512(p + 192);
+    const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
+                          _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
+    const __m512i z0 = z[0], z1 = z[1], z2 = z[2], z3 = z[3];
     const __m512i codes = _mm512_cvtepu8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
+    if (IntegerCodesFit<T>(codes, x, g)) {
+      Fp4IntegerGroup<T>(z, codes, x, g, acc);
+      ++routes.integer;
+      return;
+    }
     __m512 even[T], odd[T];
     for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
     __m512 scales = _mm512_set1_ps(1.0f);
-    if (AllIn(codes, x.code_lo[g], x.code_hi[g])) {
+    const bool pairs = AllIn(codes, x.code_lo[g], x.code_hi[g]);
+    ++(pairs ? routes.pairs : routes.general);
+    if (pairs) {
       scales = _mm512_castsi512_ps(_mm512_slli_epi32(codes, 23));
       const __m512i table = _mm512_load_si512(kFp4Table.data());
       const uint32_t* xg = x.xp + g * kPairs * kLanes;
@@ -389,35 +508,30 @@ DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begi
   }
 }
 
+// Row r, group by group. The groups are inlined: a call per group cost as much as its sums.
 template <int T>
-DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, GroupX x,
-                                float (*acc)[2]) {
+DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
+                                float (*acc)[2], VectorRoutes& routes) {
   if (w.format == WeightFormat::kFp8Block)
-    Fp8Row<T>(w, r, groups, x, acc);
+    for (int64_t g = 0; g < groups; ++g) Fp8Group<T>(w, r, g, x, acc, routes);
   else
-    Fp4Row<T>(w, r, groups, x, acc);
+    for (int64_t g = 0; g < groups; ++g) Fp4Group<T>(w, r, g, x, acc, routes);
 }
 
 // The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
 // Not inlined: the flush-to-zero scope must cover exactly these sums.
-DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(const WeightMatrix& w, int64_t r0,
-                                                            int64_t r1, int n_tok, GroupX x,
-                                                            const float* xt, int64_t xt_token,
-                                                            uint16_t* tail_buf,
-                                                            float (*acc)[kVectorMaxTokens][2]) {
+DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(
+    const WeightMatrix& w, int64_t r0, int64_t r1, int n_tok, GroupX x, const float* xt,
+    int64_t xt_token, uint16_t* tail_buf, float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
   const int64_t chunks = w.cols / kTileK, groups = chunks / kLanes;
   FlushToZero ftz;
   for (int64_t r = r0; r < r1; ++r) {
     float(*a)[2] = acc[r - r0];
     for (int t = 0; t < n_tok; ++t) a[t][0] = a[t][1] = 0.0f;
-    switch (n_tok) {
-      case 1:
-        RowSums<1>(w, r, groups, x, a);
-        break;
-      default:
-        RowSums<2>(w, r, groups, x, a);
-        break;
-    }
+    if (n_tok == 1)
+      RowSums<1>(w, r, groups, x, a, routes);
+    else
+      RowSums<2>(w, r, groups, x, a, routes);
     if (groups * kLanes < chunks) TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, a);
   }
 }
@@ -429,7 +543,8 @@ DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(const WeightMatrix& 
 }  // namespace
 
 void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
-                      std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool) {
+                      std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
+                      VectorRoutes* routes) {
   const int n_tok = static_cast<int>(tokens.size());
   const int64_t k = w.cols, chunks = k / kTileK, groups = chunks / kLanes;
   const int64_t c_tail = groups * kLanes, tail = chunks - c_tail;
@@ -497,7 +612,61 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
     }
     code_lo[g] = static_cast<int16_t>(lo), code_hi[g] = static_cast<int16_t>(hi);
   }
-  const GroupX gx{xs.data(), xs_token, xp.data(), xp_token, code_lo.data(), code_hi.data()};
+  // FP4 integer route (Fp4IntegerGroup): per token and chunk, the activations as integers times
+  // 2^shift (shift: the lowest set bit's exponent over the chunk), when they fit int16.
+  const int64_t int_token = groups * kLanes, ai_token = groups * kGroupCols;
+  std::vector<int16_t> ai(fp8 ? 0 : n_tok * ai_token, 0);
+  std::vector<int32_t> int_shift(fp8 ? 0 : n_tok * int_token), int_lo(int_shift.size()),
+      int_hi(int_shift.size());
+  std::vector<uint8_t> int_group(groups, fp8 ? 0 : 1);
+  for (int t = 0; t < n_tok && !fp8; ++t) {
+    const float* xr = x + tokens[t] * k;
+    for (int64_t c = 0; c < c_tail; ++c) {
+      const float* col = xr + c * kTileK;
+      // x = significand * 2^(biased - 150); the shift is the lowest set bit's exponent.
+      int shift = 1000;
+      bool fits = true;
+      for (int i = 0; i < kTileK; ++i) {
+        const uint32_t bits = std::bit_cast<uint32_t>(col[i]) & 0x7fffffffu;
+        if (bits == 0) continue;
+        const int biased = static_cast<int>(bits >> 23);
+        fits = fits && biased != 0 && biased != 255;  // normal numbers only
+        const uint32_t significand = (bits & 0x7fffffu) | 0x800000u;
+        shift = std::min(shift, biased - 150 + std::countr_zero(significand));
+      }
+      if (shift == 1000) shift = 0;  // all zero
+      int32_t magnitudes[kTileK] = {};
+      for (int i = 0; i < kTileK && fits; ++i) {
+        const uint32_t bits = std::bit_cast<uint32_t>(col[i]) & 0x7fffffffu;
+        if (bits == 0) continue;
+        const uint32_t significand = (bits & 0x7fffffu) | 0x800000u;
+        const int up = static_cast<int>(bits >> 23) - 150 - shift;  // >= -countr_zero: exact
+        const int64_t a = up >= 0 ? (up > 15 ? int64_t{1} << 40 : int64_t{significand} << up)
+                                  : int64_t{significand >> -up};
+        fits = a <= 32767;
+        magnitudes[i] = static_cast<int32_t>(a);
+      }
+      const int64_t at = t * int_token + c;
+      int_shift[at] = shift;
+      int_lo[at] = fits ? std::max(2, 2 - shift) : 1;  // an empty range: never
+      int_hi[at] = fits ? std::min(252, 231 - shift) : 0;
+      if (!fits) {
+        int_group[c / kLanes] = 0;
+        continue;
+      }
+      // Column q of the group (32 (c % 16) + i) is word (q % 128) / 4 of (block q / 128, j q % 4).
+      int16_t* dst = ai.data() + t * ai_token + (c / kLanes) * kGroupCols;
+      for (int i = 0; i < kTileK; ++i) {
+        const int q = static_cast<int>(c % kLanes) * kTileK + i;
+        const int32_t a = std::signbit(col[i]) ? -magnitudes[i] : magnitudes[i];
+        dst[(4 * (q / 128) + q % 4) * 32 + (q % 128) / 4] = static_cast<int16_t>(a);
+      }
+    }
+  }
+  const GroupX gx{xs.data(),      xs_token,  xp.data(),       xp_token,         code_lo.data(),
+                  code_hi.data(), ai.data(), ai_token,        int_shift.data(), int_lo.data(),
+                  int_hi.data(),  int_token, int_group.data()};
+  std::mutex routes_mutex;
   const int64_t n_tiles = (row_end - row_begin + kTileRows - 1) / kTileRows;
   pool.ParallelForRange(
       n_tiles,
@@ -505,14 +674,21 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
         std::vector<uint16_t> tail_buf(tail > 0 ? (tail / kPerBlock + 1) * kPerBlock * kTileElems
                                                 : 0);  // bf16 A tiles of the tail blocks
         alignas(64) float acc[kRowsPerScope][kVectorMaxTokens][2];
+        VectorRoutes task_routes;
         const int64_t r_end = std::min(row_end, row_begin + tb * kTileRows);
         for (int64_t r0 = row_begin + ta * kTileRows; r0 < r_end; r0 += kRowsPerScope) {
           const int64_t r1 = std::min(r_end, r0 + kRowsPerScope);
-          ChainSums(w, r0, r1, n_tok, gx, xt.data(), xt_token, tail_buf.data(), acc);
+          ChainSums(w, r0, r1, n_tok, gx, xt.data(), xt_token, tail_buf.data(), acc, task_routes);
           // The chains' sum, in the caller's floating-point mode as the tile path adds them.
           for (int64_t r = r0; r < r1; ++r)
             for (int t = 0; t < n_tok; ++t)
               y[tokens[t] * ldy + (r - row_begin)] = acc[r - r0][t][0] + acc[r - r0][t][1];
+        }
+        if (routes != nullptr) {
+          std::lock_guard<std::mutex> lock(routes_mutex);
+          routes->integer += task_routes.integer;
+          routes->pairs += task_routes.pairs;
+          routes->general += task_routes.general;
         }
       },
       1);
