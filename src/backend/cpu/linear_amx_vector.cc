@@ -152,9 +152,7 @@ DSINFER_AMX_TARGET inline bool AllIn(__m512i e, int lo, int hi) {
                                              _mm512_set1_epi32(hi - lo)) == 0;
 }
 
-// The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX),
-// go into the even and odd chains in chunk order.
-// Chunk sums (lane = chunk of the group) into token t's two chains, in chunk order.
+// Chunk sums (lane = chunk of the group) into one token's two chains, in chunk order.
 DSINFER_AMX_TARGET inline void FoldSums(__m512 sums, float* acc) {
   alignas(64) float s[kLanes];
   _mm512_store_ps(s, sums);
@@ -167,6 +165,8 @@ DSINFER_AMX_TARGET inline void FoldSums(__m512 sums, float* acc) {
   acc[1] = c1;
 }
 
+// The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX),
+// go into the even and odd chains in chunk order.
 template <int T>
 DSINFER_AMX_TARGET inline void FoldGroup(const __m512 (&even)[T], const __m512 (&odd)[T],
                                          __m512 scales, float (*acc)[2]) {
@@ -227,7 +227,7 @@ struct GroupX {
 // normal for activation exponents in [-50, 67] (MatMulRowsVector's bounds).
 constexpr int kFp8PairShift = 60;
 
-// FP8 row r, full groups. Group bytes: 8 chunk pairs of 64; pair i (chunks 2i, 2i+1) holds slot
+// FP8 row r, whole group g. Group bytes: 8 chunk pairs of 64; pair i (chunks 2i, 2i+1) holds slot
 // m = 8 mh + ml of chunk 2i + q at byte 16 mh + 8 q + ml (Fp8PairColumn). L_mh gathers 128-bit
 // lane mh of pairs 0..3 and H_mh of pairs 4..7 (a 4x4 transpose of lanes), so lane j = 2i + q
 // finds slot m at byte 8 j + ml of (L_mh, H_mh).
@@ -245,72 +245,70 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const Wei
   const uint8_t* row = w.data + r * w.cols;
   const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
   const __m128i repeat4 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  {
-    const uint8_t* p = row + g * kGroupCols;
-    // Lane j's chunk lies in column block 4 g + j / 4.
-    uint32_t four = 0;
-    std::memcpy(&four, scale_codes + 4 * g, 4);
-    const __m512i codes =
-        _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(four)), repeat4));
-    __m512i lh[8];  // L_0..L_3, H_0..H_3
-    __mmask64 subnormal = 0;
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* q = p + half * 256;
-      __m512i y[4];
-      for (int i = 0; i < 4; ++i) {
-        y[i] = _mm512_loadu_si512(q + 64 * i);
-        subnormal |= _mm512_mask_test_epi8_mask(
-            _mm512_testn_epi8_mask(y[i], _mm512_set1_epi8(0x78)), y[i], _mm512_set1_epi8(0x07));
-      }
-      const __m512i t0 = _mm512_shuffle_i64x2(y[0], y[1], 0x44);
-      const __m512i t1 = _mm512_shuffle_i64x2(y[0], y[1], 0xee);
-      const __m512i t2 = _mm512_shuffle_i64x2(y[2], y[3], 0x44);
-      const __m512i t3 = _mm512_shuffle_i64x2(y[2], y[3], 0xee);
-      lh[4 * half + 0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
-      lh[4 * half + 1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
-      lh[4 * half + 2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
-      lh[4 * half + 3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+  const uint8_t* p = row + g * kGroupCols;
+  // Lane j's chunk lies in column block 4 g + j / 4.
+  uint32_t four = 0;
+  std::memcpy(&four, scale_codes + 4 * g, 4);
+  const __m512i codes =
+      _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(four)), repeat4));
+  __m512i lh[8];  // L_0..L_3, H_0..H_3
+  __mmask64 subnormal = 0;
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* q = p + half * 256;
+    __m512i y[4];
+    for (int i = 0; i < 4; ++i) {
+      y[i] = _mm512_loadu_si512(q + 64 * i);
+      subnormal |= _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(y[i], _mm512_set1_epi8(0x78)),
+                                              y[i], _mm512_set1_epi8(0x07));
     }
-    __m512 even[T], odd[T];
-    for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
-    __m512 scales = _mm512_set1_ps(1.0f);
-    const bool pairs = subnormal == 0 && AllIn(codes, x.code_lo[g], x.code_hi[g]);
-    ++(pairs ? routes.pairs : routes.general);
-    if (pairs) {
-      scales = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(kFp8PairShift)), 23));
-      const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
-      const uint32_t* xg = x.xp + g * kPairs * kLanes;
-      for (int mh = 0; mh < 4; ++mh)
-        for (int ml = 0; ml < 2; ++ml) {  // even chain for ml 0, odd for 1
-          const __m512i v = _mm512_permutex2var_epi8(
-              lh[mh], _mm512_load_si512(kFp8PairGather[ml].data()), lh[4 + mh]);
-          for (int b = 0; b < 2; ++b) {  // pairs (8 mh + ml + 4 b, + 2); the low byte is masked
-            __m512i u = b == 0 ? v : _mm512_slli_epi16(v, 8);
-            u = _mm512_and_si512(_mm512_srai_epi16(u, 4), keep);
-            const int m = 8 * mh + ml + 4 * b;
-            const int q = 2 * (m / 4) + m % 2;
-            PairDot<T>(u, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
-          }
-        }
-    } else {
-      __m512 exps = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(7)));
-      exps = _mm512_mask_mov_ps(exps, _mm512_cmpeq_epi32_mask(codes, _mm512_set1_epi32(255)),
-                                _mm512_set1_ps(__builtin_nanf("")));  // e8m0 NaN scale
-      const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0x87f00000u));
-      const float* xg = x.xs + g * kSlots * kLanes;
-      for (int mh = 0; mh < 4; ++mh)
-        for (int ml = 0; ml < 8; ++ml) {
-          __m512i v = _mm512_maskz_permutex2var_epi8(
-              kTopBytes, lh[mh], _mm512_load_si512(kFp8Gather[ml].data()), lh[4 + mh]);
-          v = _mm512_and_si512(_mm512_srai_epi32(v, 4), keep);
-          const __m512 wv = _mm512_scalef_ps(_mm512_castsi512_ps(v), exps);
-          const int m = 8 * mh + ml;
-          SlotFma<T>(wv, xg + m * kLanes, x.xs_token, m % 2 == 0 ? even : odd);
-        }
-    }
-    FoldGroup<T>(even, odd, scales, acc);
+    const __m512i t0 = _mm512_shuffle_i64x2(y[0], y[1], 0x44);
+    const __m512i t1 = _mm512_shuffle_i64x2(y[0], y[1], 0xee);
+    const __m512i t2 = _mm512_shuffle_i64x2(y[2], y[3], 0x44);
+    const __m512i t3 = _mm512_shuffle_i64x2(y[2], y[3], 0xee);
+    lh[4 * half + 0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+    lh[4 * half + 1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+    lh[4 * half + 2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+    lh[4 * half + 3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
   }
+  __m512 even[T], odd[T];
+  for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+  __m512 scales = _mm512_set1_ps(1.0f);
+  const bool pairs = subnormal == 0 && AllIn(codes, x.code_lo[g], x.code_hi[g]);
+  ++(pairs ? routes.pairs : routes.general);
+  if (pairs) {
+    scales = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(kFp8PairShift)), 23));
+    const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
+    const uint32_t* xg = x.xp + g * kPairs * kLanes;
+    for (int mh = 0; mh < 4; ++mh)
+      for (int ml = 0; ml < 2; ++ml) {  // even chain for ml 0, odd for 1
+        const __m512i v = _mm512_permutex2var_epi8(
+            lh[mh], _mm512_load_si512(kFp8PairGather[ml].data()), lh[4 + mh]);
+        for (int b = 0; b < 2; ++b) {  // pairs (8 mh + ml + 4 b, + 2); the low byte is masked
+          __m512i u = b == 0 ? v : _mm512_slli_epi16(v, 8);
+          u = _mm512_and_si512(_mm512_srai_epi16(u, 4), keep);
+          const int m = 8 * mh + ml + 4 * b;
+          const int q = 2 * (m / 4) + m % 2;
+          PairDot<T>(u, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
+        }
+      }
+  } else {
+    __m512 exps = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(7)));
+    exps = _mm512_mask_mov_ps(exps, _mm512_cmpeq_epi32_mask(codes, _mm512_set1_epi32(255)),
+                              _mm512_set1_ps(__builtin_nanf("")));  // e8m0 NaN scale
+    const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0x87f00000u));
+    const float* xg = x.xs + g * kSlots * kLanes;
+    for (int mh = 0; mh < 4; ++mh)
+      for (int ml = 0; ml < 8; ++ml) {
+        __m512i v = _mm512_maskz_permutex2var_epi8(
+            kTopBytes, lh[mh], _mm512_load_si512(kFp8Gather[ml].data()), lh[4 + mh]);
+        v = _mm512_and_si512(_mm512_srai_epi32(v, 4), keep);
+        const __m512 wv = _mm512_scalef_ps(_mm512_castsi512_ps(v), exps);
+        const int m = 8 * mh + ml;
+        SlotFma<T>(wv, xg + m * kLanes, x.xs_token, m % 2 == 0 ? even : odd);
+      }
+  }
+  FoldGroup<T>(even, odd, scales, acc);
 }
 
 // FP4 integer route. Twice an e2m1 value is an integer in [-12, 12] (kFp4IntTable, indexed by the
@@ -398,9 +396,11 @@ DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i co
   }
 }
 
-// FP4 row r, full groups. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte
+// FP4 row r, whole group g. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte
 // 2 ml + mh / 2 (Fp4ChunkColumn), so one gather of bytes serves a low-nibble slot and the slot 8
 // further on.
+// Integer route (IntegerCodesFit: every chunk's activations are integers that fit and its scale
+// in range): Fp4IntegerGroup.
 // Pair route (every chunk scale in the group's exact range): gathered byte pairs look up bf16
 // e2m1 values (kFp4Table), VDPBF16PS sums, the chunk sums are scaled (GroupX).
 // General route: fp32 e2m1 values times the lane's scale (exact, flushed as the tile unit
@@ -413,68 +413,66 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
                                                                        VectorRoutes& routes) {
   const uint8_t* row = w.data + r * (w.cols / 2);
   const uint8_t* scale_codes = w.scales + r * w.scale_cols;
-  {
-    const uint8_t* p = row + g * (kGroupCols / 2);
-    const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
-                          _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
-    const __m512i z0 = z[0], z1 = z[1], z2 = z[2], z3 = z[3];
-    const __m512i codes = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
-    if (IntegerCodesFit<T>(codes, x, g)) {
-      Fp4IntegerGroup<T>(z, codes, x, g, acc);
-      ++routes.integer;
-      return;
-    }
-    __m512 even[T], odd[T];
-    for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
-    __m512 scales = _mm512_set1_ps(1.0f);
-    const bool pairs = AllIn(codes, x.code_lo[g], x.code_hi[g]);
-    ++(pairs ? routes.pairs : routes.general);
-    if (pairs) {
-      scales = _mm512_castsi512_ps(_mm512_slli_epi32(codes, 23));
-      const __m512i table = _mm512_load_si512(kFp4Table.data());
-      const uint32_t* xg = x.xp + g * kPairs * kLanes;
-      for (int h = 0; h < 2; ++h) {  // slots 16 h .. 16 h + 15
-        __m512i bytes[2];
-        for (int ml = 0; ml < 2; ++ml) {
-          const __m512i idx = _mm512_load_si512(kFp4PairGather[h][ml].data());
-          bytes[ml] = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLanes0To7, z0, idx, z1),
-                                      _mm512_maskz_permutex2var_epi8(kLanes8To15, z2, idx, z3));
-        }
-        // Word shifts 0, 8, 4, 12 bring the pairs at slot offsets 0, 4, 8, 12 to the low bits
-        // (the index's bit 4 is ignored by the duplicated table), in each chain's order.
-        for (int shift : {0, 8, 4, 12})
-          for (int ml = 0; ml < 2; ++ml) {
-            const __m512i index = _mm512_srli_epi16(bytes[ml], shift);
-            const __m512i v = _mm512_permutexvar_epi16(index, table);
-            const int m = 16 * h + ml + (shift == 8 ? 4 : shift == 4 ? 8 : shift);
-            const int q = 2 * (m / 4) + m % 2;
-            PairDot<T>(v, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
-          }
-      }
-    } else {
-      const __m512 lane_scales = E8M0Lanes(codes);
-      const __m512 table = _mm512_loadu_ps(kE2M1Values);  // core/dtype.h
-      const float* xg = x.xs + g * kSlots * kLanes;
-      for (int h = 0; h < 2; ++h) {  // mh in {2h, 2h + 1}: bytes 2 ml + h
-        __m512i bytes[8];
-        for (int ml = 0; ml < 8; ++ml) {
-          const __m512i idx = _mm512_load_si512(kFp4Gather[2 * ml + h].data());
-          bytes[ml] =
-              _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLowBytesLanes0To7, z0, idx, z1),
-                              _mm512_maskz_permutex2var_epi8(kLowBytesLanes8To15, z2, idx, z3));
-        }
-        for (int nibble = 0; nibble < 2; ++nibble)
-          for (int ml = 0; ml < 8; ++ml) {  // slots 16 h + 8 nibble + ml
-            const __m512i index = nibble == 0 ? bytes[ml] : _mm512_srli_epi32(bytes[ml], 4);
-            const __m512 wv = _mm512_mul_ps(_mm512_permutexvar_ps(index, table), lane_scales);
-            SlotFma<T>(wv, xg + (16 * h + 8 * nibble + ml) * kLanes, x.xs_token,
-                       ml % 2 == 0 ? even : odd);
-          }
-      }
-    }
-    FoldGroup<T>(even, odd, scales, acc);
+  const uint8_t* p = row + g * (kGroupCols / 2);
+  const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
+                        _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
+  const __m512i z0 = z[0], z1 = z[1], z2 = z[2], z3 = z[3];
+  const __m512i codes = _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
+  if (IntegerCodesFit<T>(codes, x, g)) {
+    Fp4IntegerGroup<T>(z, codes, x, g, acc);
+    ++routes.integer;
+    return;
   }
+  __m512 even[T], odd[T];
+  for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+  __m512 scales = _mm512_set1_ps(1.0f);
+  const bool pairs = AllIn(codes, x.code_lo[g], x.code_hi[g]);
+  ++(pairs ? routes.pairs : routes.general);
+  if (pairs) {
+    scales = _mm512_castsi512_ps(_mm512_slli_epi32(codes, 23));
+    const __m512i table = _mm512_load_si512(kFp4Table.data());
+    const uint32_t* xg = x.xp + g * kPairs * kLanes;
+    for (int h = 0; h < 2; ++h) {  // slots 16 h .. 16 h + 15
+      __m512i bytes[2];
+      for (int ml = 0; ml < 2; ++ml) {
+        const __m512i idx = _mm512_load_si512(kFp4PairGather[h][ml].data());
+        bytes[ml] = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLanes0To7, z0, idx, z1),
+                                    _mm512_maskz_permutex2var_epi8(kLanes8To15, z2, idx, z3));
+      }
+      // Word shifts 0, 8, 4, 12 bring the pairs at slot offsets 0, 4, 8, 12 to the low bits
+      // (the index's bit 4 is ignored by the duplicated table), in each chain's order.
+      for (int shift : {0, 8, 4, 12})
+        for (int ml = 0; ml < 2; ++ml) {
+          const __m512i index = _mm512_srli_epi16(bytes[ml], shift);
+          const __m512i v = _mm512_permutexvar_epi16(index, table);
+          const int m = 16 * h + ml + (shift == 8 ? 4 : shift == 4 ? 8 : shift);
+          const int q = 2 * (m / 4) + m % 2;
+          PairDot<T>(v, xg + q * kLanes, x.xp_token, ml == 0 ? even : odd);
+        }
+    }
+  } else {
+    const __m512 lane_scales = E8M0Lanes(codes);
+    const __m512 table = _mm512_loadu_ps(kE2M1Values);  // core/dtype.h
+    const float* xg = x.xs + g * kSlots * kLanes;
+    for (int h = 0; h < 2; ++h) {  // mh in {2h, 2h + 1}: bytes 2 ml + h
+      __m512i bytes[8];
+      for (int ml = 0; ml < 8; ++ml) {
+        const __m512i idx = _mm512_load_si512(kFp4Gather[2 * ml + h].data());
+        bytes[ml] =
+            _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLowBytesLanes0To7, z0, idx, z1),
+                            _mm512_maskz_permutex2var_epi8(kLowBytesLanes8To15, z2, idx, z3));
+      }
+      for (int nibble = 0; nibble < 2; ++nibble)
+        for (int ml = 0; ml < 8; ++ml) {  // slots 16 h + 8 nibble + ml
+          const __m512i index = nibble == 0 ? bytes[ml] : _mm512_srli_epi32(bytes[ml], 4);
+          const __m512 wv = _mm512_mul_ps(_mm512_permutexvar_ps(index, table), lane_scales);
+          SlotFma<T>(wv, xg + (16 * h + 8 * nibble + ml) * kLanes, x.xs_token,
+                     ml % 2 == 0 ? even : odd);
+        }
+    }
+  }
+  FoldGroup<T>(even, odd, scales, acc);
 }
 
 DSINFER_AMX_TARGET inline float ScalarFma(float a, float b, float c) {
