@@ -241,9 +241,9 @@ int RunServe(int argc, char** argv) {
   }
   auto t0 = Clock::now();
   Log("loading weights from %s%s", model_dir);
-  // The copy must leave room for the KV budget (the engine's default: a quarter of RAM).
+  // The copy must leave room for the KV budget.
   const int64_t kv_reserve = engine_options.kv_cache_bytes > 0 ? engine_options.kv_cache_bytes
-                                                               : TotalMemoryBytes().value_or(0) / 4;
+                                                               : runtime::DefaultKvCacheBytes();
   auto weights =
       LoadWeightsOrPrint(model_dir, *residency, "serve", static_cast<uint64_t>(kv_reserve));
   if (weights == nullptr) return 1;

@@ -49,12 +49,12 @@ uint64_t SampleSeed(uint64_t seed, int index) {
   return seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index);
 }
 
-int64_t DefaultKvBudget() {
+}  // namespace
+
+int64_t DefaultKvCacheBytes() {
   const std::optional<int64_t> total = TotalMemoryBytes();
   return total ? *total / 4 : int64_t{4} << 30;
 }
-
-}  // namespace
 
 struct Engine::Impl {
   const model::ModelWeights& weights;
@@ -428,7 +428,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
       options.prefix_block_tokens < 1)
     return InvalidArgument(
         "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
-  if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = DefaultKvBudget();
+  if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = DefaultKvCacheBytes();
   auto impl = std::make_unique<Impl>(weights, options);
   DSINFER_ASSIGN_OR_RETURN(impl->model,
                            backend::cpu::CpuModel::Create(weights, options.numerics, impl->pool));

@@ -101,12 +101,16 @@ struct EngineOptions {
   int n_threads = 0;                  // compute threads (0: all cores)
   int max_num_seqs = 64;              // sequences per step
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
-  int64_t kv_cache_bytes = 0;  // byte budget for sequence state + prefix cache (0: 25% of RAM)
+  int64_t kv_cache_bytes = 0;  // byte budget for sequence state + prefix cache (0: the default)
   int max_queue = 1024;        // waiting requests before Submit returns ResourceExhausted
   int64_t max_model_len = 0;   // 0: unlimited (state grows with context)
   bool enable_prefix_cache = true;
   int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
 };
+
+// The KV budget EngineOptions::kv_cache_bytes = 0 stands for: 25 % of physical RAM (4 GiB when
+// the system does not say).
+int64_t DefaultKvCacheBytes();
 
 struct EngineStats {
   int n_running = 0;

@@ -107,8 +107,8 @@ alignas(64) constexpr std::array<std::array<uint8_t, 64>, 2> kFp8PairGather = []
 }();
 constexpr __mmask64 kTopBytes = 0x8888888888888888ull;
 
-// FP4 gathers: byte bi of chunk j, chunks 0..7 from (z0, z1) and 8..15 from (z2, z3) with the
-// same indices. kFp4Gather[bi]: into the low byte of dword lane j (the fp32 route);
+// FP4 gathers: byte bi of chunk j, chunks 0..7 from (z[0], z[1]) and 8..15 from (z[2], z[3]) with
+// the same indices. kFp4Gather[bi]: into the low byte of dword lane j (the fp32 route);
 // kFp4PairGather[h][ml] (ml = 0, 1): the bytes of slots 16 h + ml + {0, 2, 4, 6} into bytes 2, 0,
 // 3, 1, so that the low bytes of the two words hold pair (16 h + ml, + 2) and the high bytes pair
 // (16 h + ml + 4, + 6), each in low nibbles, and the high nibbles the pairs 8 slots on.
@@ -416,7 +416,6 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
   const uint8_t* p = row + g * (kGroupCols / 2);
   const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
                         _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
-  const __m512i z0 = z[0], z1 = z[1], z2 = z[2], z3 = z[3];
   const __m512i codes = _mm512_cvtepu8_epi32(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
   if (IntegerCodesFit<T>(codes, x, g)) {
@@ -437,8 +436,8 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
       __m512i bytes[2];
       for (int ml = 0; ml < 2; ++ml) {
         const __m512i idx = _mm512_load_si512(kFp4PairGather[h][ml].data());
-        bytes[ml] = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLanes0To7, z0, idx, z1),
-                                    _mm512_maskz_permutex2var_epi8(kLanes8To15, z2, idx, z3));
+        bytes[ml] = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLanes0To7, z[0], idx, z[1]),
+                                    _mm512_maskz_permutex2var_epi8(kLanes8To15, z[2], idx, z[3]));
       }
       // Word shifts 0, 8, 4, 12 bring the pairs at slot offsets 0, 4, 8, 12 to the low bits
       // (the index's bit 4 is ignored by the duplicated table), in each chain's order.
@@ -460,8 +459,8 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
       for (int ml = 0; ml < 8; ++ml) {
         const __m512i idx = _mm512_load_si512(kFp4Gather[2 * ml + h].data());
         bytes[ml] =
-            _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLowBytesLanes0To7, z0, idx, z1),
-                            _mm512_maskz_permutex2var_epi8(kLowBytesLanes8To15, z2, idx, z3));
+            _mm512_or_si512(_mm512_maskz_permutex2var_epi8(kLowBytesLanes0To7, z[0], idx, z[1]),
+                            _mm512_maskz_permutex2var_epi8(kLowBytesLanes8To15, z[2], idx, z[3]));
       }
       for (int nibble = 0; nibble < 2; ++nibble)
         for (int ml = 0; ml < 8; ++ml) {  // slots 16 h + 8 nibble + ml
