@@ -4,6 +4,8 @@
 //   build/bench/linear_bench [--threads N] [--mib 1024] [--repeats 5]
 //   DSINFER_CPU_AMX=0 build/bench/linear_bench ...
 // --kernel tiles|vector forces the AMX path's kernel (default: the automatic choice).
+// --fp8-codes uniform draws FP8 codes uniformly (subnormal codes in nearly every 512-weight group,
+// the kernels' slow route) instead of as a trained checkpoint stores them (the default).
 // Per (format, tokens): median wall time per weight set, weight GB/s, share of read bandwidth,
 // and CPU seconds per wall second (how busy the pool was; < threads means stalls or contention).
 #include <sys/resource.h>
@@ -45,13 +47,14 @@ struct Set {
   int64_t bytes = 0;
 };
 
-Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes) {
+Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes, bool trained_fp8) {
   Set s;
   std::mt19937 rng(1);
   while (s.mats.empty() || s.bytes < total_bytes) {
-    s.mats.push_back(dsinfer::backend::RandomWeight(
-        rng, f, rows, cols,
-        {.scale_code_lo = 127 - 9, .scale_code_hi = 127 - 7, .fp8_trained_distribution = true}));
+    s.mats.push_back(dsinfer::backend::RandomWeight(rng, f, rows, cols,
+                                                    {.scale_code_lo = 127 - 9,
+                                                     .scale_code_hi = 127 - 7,
+                                                     .fp8_trained_distribution = trained_fp8}));
     s.bytes += static_cast<int64_t>(s.mats.back().data.size());
   }
   return s;
@@ -62,7 +65,7 @@ Set MakeSet(WeightFormat f, int64_t rows, int64_t cols, int64_t total_bytes) {
 int main(int argc, char** argv) {
   int threads = 2, repeats = 5;
   int64_t mib = 1024, only_m = 0;
-  std::string only, kernel_name = "auto";
+  std::string only, kernel_name = "auto", fp8_codes = "trained";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoll(argv[i + 1]);
@@ -70,6 +73,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];  // a case name prefix
     if (!std::strcmp(argv[i], "--m")) only_m = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--kernel")) kernel_name = argv[i + 1];
+    if (!std::strcmp(argv[i], "--fp8-codes")) fp8_codes = argv[i + 1];
+  }
+  if (fp8_codes != "trained" && fp8_codes != "uniform") {
+    std::fprintf(stderr, "--fp8-codes: trained or uniform, not '%s'\n", fp8_codes.c_str());
+    return 2;
   }
   namespace amx = dsinfer::backend::cpu::amx;
   const amx::Kernel kernel = kernel_name == "tiles"    ? amx::Kernel::kTiles
@@ -77,9 +85,9 @@ int main(int argc, char** argv) {
                                                        : amx::Kernel::kAuto;
   dsinfer::ThreadPool pool(threads);
   const bool amx_on = amx::Available();
-  std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format\n",
+  std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format, FP8 codes %s\n",
               amx_on ? "AMX path (bf16-exact rows)" : "FP32", kernel_name.c_str(), threads,
-              static_cast<long long>(mib));
+              static_cast<long long>(mib), fp8_codes.c_str());
   struct Case {
     const char* name;
     WeightFormat f;
@@ -92,7 +100,7 @@ int main(int argc, char** argv) {
                         {"bf16 head 8192x4096", WeightFormat::kBF16, 8192, 4096}};
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).rfind(only, 0) != 0) continue;
-    Set set = MakeSet(c.f, c.rows, c.cols, mib << 20);
+    Set set = MakeSet(c.f, c.rows, c.cols, mib << 20, fp8_codes == "trained");
     for (int64_t m : {1, 2, 4, 16, 64}) {
       if (only_m != 0 && m != only_m) continue;
       if (kernel == amx::Kernel::kVector && !(amx_on && amx::VectorApplies(set.mats[0].view, m)))
