@@ -136,14 +136,14 @@ constexpr __mmask64 kLowBytesLanes8To15 = 0x1111111100000000ull;
 constexpr __mmask64 kLanes0To7 = 0x00000000ffffffffull;
 constexpr __mmask64 kLanes8To15 = 0xffffffff00000000ull;
 
-// E8M0ToF32 of 16 scale codes, one per lane.
-DSINFER_AMX_TARGET inline __m512 E8M0Lanes(__m512i e) {
-  __m512i bits = _mm512_slli_epi32(e, 23);
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
-                               _mm512_set1_epi32(0x00400000));  // 2^-127
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
-                               _mm512_set1_epi32(0x7fc00000));  // NaN
-  return _mm512_castsi512_ps(bits);
+// Per lane, the exponent of a power-of-two scale e8m0 code e, minus `bias`, as fp32 for
+// VSCALEFPS (NaN for the NaN code 255). Scaling by exponent rather than multiplying by the scale
+// keeps every input normal: 2^-127 (code 0) is subnormal, and a subnormal input costs a
+// microcode assist per instruction.
+DSINFER_AMX_TARGET inline __m512 ScaleExponents(__m512i e, int bias) {
+  const __m512 exps = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(bias)));
+  return _mm512_mask_mov_ps(exps, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                            _mm512_set1_ps(__builtin_nanf("")));
 }
 
 // Whether every lane's e lies in [lo, hi] (never, for an empty range).
@@ -293,9 +293,7 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const Wei
         }
       }
   } else {
-    __m512 exps = _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(127)));
-    exps = _mm512_mask_mov_ps(exps, _mm512_cmpeq_epi32_mask(codes, _mm512_set1_epi32(255)),
-                              _mm512_set1_ps(__builtin_nanf("")));  // e8m0 NaN scale
+    const __m512 exps = ScaleExponents(codes, 127);
     const __m512i keep = _mm512_set1_epi32(static_cast<int32_t>(0x87f00000u));
     const __m512i exponent_bits = _mm512_set1_epi32(0x07800000);
     const __m512i rebias = _mm512_set1_epi32(120 << 23);  // e4m3 bias 7 -> fp32 bias 127
@@ -418,8 +416,8 @@ DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i co
 // in range): Fp4IntegerGroup.
 // Pair route (every chunk scale in the group's exact range): gathered byte pairs look up bf16
 // e2m1 values (kFp4Table), VDPBF16PS sums, the chunk sums are scaled (GroupX).
-// General route: fp32 e2m1 values times the lane's scale (exact, flushed as the tile unit
-// flushes), FMAs.
+// General route: fp32 e2m1 values scaled by the lane's scale exponent (exact, flushed as the
+// tile unit flushes), FMAs.
 template <int T>
 DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const WeightMatrix& w,
                                                                        int64_t r, int64_t g,
@@ -466,7 +464,7 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
         }
     }
   } else {
-    const __m512 lane_scales = E8M0Lanes(codes);
+    const __m512 exps = ScaleExponents(codes, 127);
     const __m512 table = _mm512_loadu_ps(kE2M1Values);  // core/dtype.h
     const float* xg = x.xs + g * kSlots * kLanes;
     for (int h = 0; h < 2; ++h) {  // mh in {2h, 2h + 1}: bytes 2 ml + h
@@ -480,7 +478,7 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const Wei
       for (int nibble = 0; nibble < 2; ++nibble)
         for (int ml = 0; ml < 8; ++ml) {  // slots 16 h + 8 nibble + ml
           const __m512i index = nibble == 0 ? bytes[ml] : _mm512_srli_epi32(bytes[ml], 4);
-          const __m512 wv = _mm512_mul_ps(_mm512_permutexvar_ps(index, table), lane_scales);
+          const __m512 wv = _mm512_scalef_ps(_mm512_permutexvar_ps(index, table), exps);
           SlotFma<T>(wv, xg + (16 * h + 8 * nibble + ml) * kLanes, x.xs_token,
                      ml % 2 == 0 ? even : odd);
         }
