@@ -15,6 +15,15 @@
 namespace dsinfer::text {
 
 struct JsonValue {
+  // Declared here, defined below the struct: the members hold JsonValue themselves, and clang
+  // with libstdc++ 12 rejects the implicit definitions while the type is still incomplete.
+  JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();
+
   enum class Kind { kNull, kBool, kInt, kUInt, kFloat, kString, kArray, kObject };
   Kind kind = Kind::kNull;
   bool bool_value = false;
@@ -25,6 +34,13 @@ struct JsonValue {
   std::vector<JsonValue> array;
   std::vector<std::pair<std::string, JsonValue>> object;  // insertion order, unique keys
 };
+
+inline JsonValue::JsonValue() = default;
+inline JsonValue::JsonValue(const JsonValue&) = default;
+inline JsonValue::JsonValue(JsonValue&&) noexcept = default;
+inline JsonValue& JsonValue::operator=(const JsonValue&) = default;
+inline JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+inline JsonValue::~JsonValue() = default;
 
 // Strict parse of a whole document (surrounding whitespace allowed). Rejects what serde_json
 // rejects: trailing text, leading zeros, "1.", lone surrogates, raw control characters in
