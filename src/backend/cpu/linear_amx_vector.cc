@@ -306,9 +306,10 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const Wei
         __m512i v = _mm512_maskz_permutex2var_epi8(
             kTopBytes, lh[mh], _mm512_load_si512(kFp8Gather[ml].data()), lh[4 + mh]);
         v = _mm512_and_si512(_mm512_srai_epi32(v, 4), keep);
-        // The code's exact value as a normal fp32 (a subnormal fp32 input would cost a microcode
-        // assist per instruction, ~40x the group's sums): normal codes by rebiasing the exponent;
-        // subnormal codes (and zeros) as 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8, which is exact.
+        // The code's exact value as a normal fp32 (a subnormal fp32 input costs a microcode
+        // assist per instruction: weights full of subnormal codes ran 12x slower, docs/PERF.md):
+        // normal codes by rebiasing the exponent; subnormal codes (and zeros) as
+        // 2^-6 (1 + m/8) - 2^-6 = 2^-6 m/8, which is exact.
         const __mmask16 low = _mm512_testn_epi32_mask(v, exponent_bits);
         v = _mm512_mask_add_epi32(_mm512_add_epi32(v, rebias), low, v,
                                   _mm512_add_epi32(rebias, one_up));
