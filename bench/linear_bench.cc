@@ -6,6 +6,9 @@
 // --kernel tiles|vector forces the AMX path's kernel (default: the automatic choice).
 // --fp8-codes uniform draws FP8 codes uniformly (subnormal codes in nearly every 512-weight group,
 // the kernels' slow route) instead of as a trained checkpoint stores them (the default).
+// --warm 1: one untimed pass, then the repeats back to back with the bandwidth probed once
+// before them, so a small set (--mib 1: one matrix) stays in cache. By default each repeat
+// follows its own probe, whose 256 MiB read evicts the set: every pass streams from DRAM.
 // Per (format, tokens): median wall time per weight set, weight GB/s, share of read bandwidth,
 // and CPU seconds per wall second (how busy the pool was; < threads means stalls or contention).
 #include <sys/resource.h>
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 5;
   int64_t mib = 1024, only_m = 0;
   std::string only, kernel_name = "auto", fp8_codes = "trained";
+  bool warm = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoll(argv[i + 1]);
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--m")) only_m = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--kernel")) kernel_name = argv[i + 1];
     if (!std::strcmp(argv[i], "--fp8-codes")) fp8_codes = argv[i + 1];
+    if (!std::strcmp(argv[i], "--warm")) warm = std::atoi(argv[i + 1]) != 0;
   }
   if (fp8_codes != "trained" && fp8_codes != "uniform") {
     std::fprintf(stderr, "--fp8-codes: trained or uniform, not '%s'\n", fp8_codes.c_str());
@@ -85,9 +90,10 @@ int main(int argc, char** argv) {
                                                        : amx::Kernel::kAuto;
   dsinfer::ThreadPool pool(threads);
   const bool amx_on = amx::Available();
-  std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format, FP8 codes %s\n",
+  std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format, FP8 codes %s, %s\n",
               amx_on ? "AMX path (bf16-exact rows)" : "FP32", kernel_name.c_str(), threads,
-              static_cast<long long>(mib), fp8_codes.c_str());
+              static_cast<long long>(mib), fp8_codes.c_str(),
+              warm ? "warm (repeats back to back)" : "cold (a probe before each repeat)");
   struct Case {
     const char* name;
     WeightFormat f;
@@ -115,14 +121,22 @@ int main(int argc, char** argv) {
         dsinfer::Fp8RoundTripInPlace(x.data() + t * c.cols, static_cast<int>(c.cols), 128);
       std::vector<double> times, gbps;
       double cpu = 0, wall = 0;
-      for (int r = 0; r < repeats; ++r) {
-        const double bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
-        const double c0 = CpuSeconds(), t0 = Now();
+      auto pass = [&] {
         for (const auto& w : set.mats)
           if (kernel == amx::Kernel::kAuto || !amx_on)
             dsinfer::backend::cpu::MatMul(w.view, x.data(), m, y.data(), pool);
           else
             amx::MatMulRows(w.view, 0, c.rows, x.data(), tokens, y.data(), c.rows, pool, kernel);
+      };
+      double bw = 0;
+      if (warm) {
+        bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
+        pass();
+      }
+      for (int r = 0; r < repeats; ++r) {
+        if (!warm) bw = dsinfer::MeasureMemoryBandwidth(pool, 256 << 20, 1, false).read_gbps;
+        const double c0 = CpuSeconds(), t0 = Now();
+        pass();
         const double dt = Now() - t0;
         cpu += CpuSeconds() - c0, wall += dt;
         times.push_back(set.bytes / dt / 1e9 / bw);  // share of this repeat's bandwidth
@@ -130,11 +144,14 @@ int main(int argc, char** argv) {
       }
       std::sort(times.begin(), times.end());
       std::sort(gbps.begin(), gbps.end());
+      // Per CPU second: what the threads achieved while they ran, which a host taking this
+      // machine's CPU time away (steal) does not dilute.
       std::printf(
           "%-26s m=%-3lld  weights at %5.1f%% of read bandwidth (median of %d, %.2f GB/s)  "
-          "cpu/wall %.2f\n",
+          "cpu/wall %.2f  %.2f GB/s per CPU second\n",
           c.name, static_cast<long long>(m), 100 * times[times.size() / 2], repeats,
-          gbps[gbps.size() / 2], cpu / wall);
+          gbps[gbps.size() / 2], cpu / wall,
+          cpu > 0 ? set.bytes * double(repeats) / cpu / 1e9 : 0.0);
     }
   }
 }
