@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,9 +79,12 @@ int main(int argc, char** argv) {
   for (int64_t off = 0; off < widest; off += c.act_block)
     dsinfer::Fp8RoundTripInPlace(x.data() + off, c.act_block, c.act_block);
 
+  // The backbone layers only: MTP layers do not run in a plain decode step.
+  const std::span<const dsinfer::model::LayerWeights> backbone(
+      w.layers.data(), std::min(w.layers.size(), static_cast<size_t>(std::max(0, c.n_layers))));
   Part head{"bf16 head"}, dense{"fp8 dense, all layers"}, experts{"6 routed experts per layer"};
   std::vector<const WeightMatrix*> dense_mats;
-  for (const auto& layer : w.layers)
+  for (const auto& layer : backbone)
     for (const WeightMatrix* m :
          {&layer.wq_a, &layer.wq_b, &layer.wkv, &layer.wo_a, &layer.wo_b, &layer.indexer.wq_b,
           &layer.shared.w1, &layer.shared.w3, &layer.shared.w2})
@@ -110,7 +114,7 @@ int main(int argc, char** argv) {
     });
     timed(experts, [&] {
       double bytes = 0;
-      for (const auto& layer : w.layers) {
+      for (const auto& layer : backbone) {
         if (layer.experts.empty()) continue;
         const int64_t n_experts = static_cast<int64_t>(layer.experts.size());
         // Different experts every repeat (stride coprime to common expert counts), so none is
