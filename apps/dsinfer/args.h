@@ -33,8 +33,10 @@ class Args {
   mutable std::string error_;
 };
 
-// --weights auto|map|copy (model::WeightResidency; auto when absent); nullopt when malformed.
+// --weights auto|map|copy (model::WeightResidency; auto when absent); nullopt when malformed,
+// which the commands report with kWeightResidencyFlagError.
 std::optional<model::WeightResidency> WeightResidencyFlag(const Args& args);
+inline constexpr const char* kWeightResidencyFlagError = "--weights takes auto, map or copy";
 // Loads --model-style `dir` with the --weights choice (reserve_bytes: ResolveWeightResidency)
 // and says on stderr how the weights are held and how long the load took. Errors are printed
 // with `command`; nullptr then.

@@ -297,7 +297,7 @@ int RunBench(int argc, char** argv) {
                                    : backend::Numerics::Fp32Reference();
   const auto residency = WeightResidencyFlag(args);
   if (!residency) {
-    std::fprintf(stderr, "dsinfer: --weights takes auto, map or copy\nusage: %s\n", usage);
+    std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", kWeightResidencyFlagError, usage);
     return 2;
   }
   auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "bench");

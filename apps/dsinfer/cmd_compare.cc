@@ -215,7 +215,7 @@ int CompareAgainstGolden(const Args& args, const backend::Numerics& numerics,
   auto golden = io::SafetensorsFile::Open(*args.Get("golden"));
   if (!golden.ok()) return Error(golden.status().ToString());
   const auto residency = WeightResidencyFlag(args);
-  if (!residency) return Error("--weights takes auto, map or copy");
+  if (!residency) return Error(kWeightResidencyFlagError);
   auto weights = model::ModelWeights::Load(*args.Get("model"), *residency);
   if (!weights.ok()) return Error(weights.status().ToString());
   const int64_t vocab = (*weights)->config().vocab_size;

@@ -106,7 +106,7 @@ int RunLogits(int argc, char** argv) {
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
   const auto residency = WeightResidencyFlag(args);
-  if (!residency) return Usage(usage, "--weights takes auto, map or copy");
+  if (!residency) return Usage(usage, kWeightResidencyFlagError);
   auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "logits");
   if (weights == nullptr) return 1;
   ThreadPool pool(static_cast<int>(threads));
@@ -195,7 +195,7 @@ int RunGenerate(int argc, char** argv) {
   if (ids.empty()) return Usage(usage, "the prompt is empty");
 
   const auto residency = WeightResidencyFlag(args);
-  if (!residency) return Usage(usage, "--weights takes auto, map or copy");
+  if (!residency) return Usage(usage, kWeightResidencyFlagError);
   auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate");
   if (weights == nullptr) return 1;
   ThreadPool pool(static_cast<int>(threads));

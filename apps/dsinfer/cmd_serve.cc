@@ -178,7 +178,7 @@ int RunServe(int argc, char** argv) {
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");
   }
   const auto residency = WeightResidencyFlag(args);
-  if (!residency) return Usage("--weights takes auto, map or copy");
+  if (!residency) return Usage(kWeightResidencyFlagError);
 
   server::ServiceOptions service_options;
   service_options.served_model_name = args.GetOr("served-model-name", "deepseek-v4-flash");

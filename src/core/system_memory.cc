@@ -8,12 +8,18 @@
 #include <string>
 
 namespace dsinfer {
+namespace {
 
-std::optional<int64_t> TotalMemoryBytes() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+// sysconf's page count `pages_name` (_SC_PHYS_PAGES, _SC_AVPHYS_PAGES) in bytes.
+std::optional<int64_t> PagesInBytes(int pages_name) {
+  const long pages = ::sysconf(pages_name), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return std::nullopt;
   return static_cast<int64_t>(pages) * page;
 }
+
+}  // namespace
+
+std::optional<int64_t> TotalMemoryBytes() { return PagesInBytes(_SC_PHYS_PAGES); }
 
 std::optional<int64_t> ParseMemAvailable(std::string_view meminfo) {
   constexpr std::string_view kKey = "MemAvailable:";
@@ -42,9 +48,7 @@ std::optional<int64_t> AvailableMemoryBytes() {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (auto bytes = ParseMemAvailable(text)) return bytes;
   }
-  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return std::nullopt;
-  return static_cast<int64_t>(pages) * page;  // free pages only: an underestimate
+  return PagesInBytes(_SC_AVPHYS_PAGES);  // free pages only: an underestimate
 }
 
 }  // namespace dsinfer
