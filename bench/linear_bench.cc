@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   dsinfer::ThreadPool pool(threads);
   const bool amx_on = amx::Available();
   std::printf("kernels: %s (%s), threads %d, weight set %lld MiB per format, FP8 codes %s, %s\n",
-              amx_on ? "AMX path (bf16-exact rows)" : "FP32", kernel_name.c_str(), threads,
+              dsinfer::backend::cpu::MachineMatMulKernel(), kernel_name.c_str(), threads,
               static_cast<long long>(mib), fp8_codes.c_str(),
               warm ? "warm (repeats back to back)" : "cold (a probe before each repeat)");
   struct Case {

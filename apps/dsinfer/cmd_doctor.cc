@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "args.h"
+#include "backend/cpu/linear.h"
 #include "backend/cpu/linear_amx.h"
 #include "backend/cpu/selfcheck.h"
 #include "commands.h"
@@ -116,9 +117,10 @@ json CpuReport(StageRunner& stages) {
   }
   for (auto& [k, v] : f.items()) v = v.get<unsigned>() != 0;
   cpu["features"] = f;
-  // Whether the matmuls of the official numerics run on AMX tiles here (CPU, OS permission and
-  // DSINFER_CPU_AMX all agree), or on the FP32 AVX2 kernels.
-  cpu["matmul_kernel"] = backend::cpu::amx::Available() ? "amx-bf16" : "fp32";
+  // What the matmuls of the official numerics run on here: AMX tiles (CPU, OS permission and
+  // DSINFER_CPU_AMX all agree), else AVX-512 BF16 dot products (DSINFER_CPU_BF16DOT), else the
+  // FP32 AVX2 kernels.
+  cpu["matmul_kernel"] = backend::cpu::MachineMatMulKernel();
   // FP8/FP4 at one or two tokens: the AVX-512 kernels that compute the tile unit's exact results
   // (used only after matching the tiles bit for bit on this CPU).
   cpu["vector_kernels"] = backend::cpu::amx::VectorInUse();

@@ -14,6 +14,7 @@ VERDICTS = ("supported", "degraded", "unsupported", "unchecked")
 EXPECTED_CHECKS = {"gemv/fp8-e8m0", "gemm/fp8-e8m0", "gemv/fp4-e8m0", "gemm/fp4-e8m0", "gemv/bf16",
                    "gemm/bf16", "gemm/fp8-e8m0/act-fp8", "gemm/fp4-e8m0/act-fp8",
                    "gemm/bf16/act-fp8", "gemv/fp8-e8m0/act-fp8", "gemv/fp4-e8m0/act-fp8",
+                   "gemv/bf16/act-fp8",
                    "rmsnorm/f32", "rmsnorm/bf16-out", "rope/forward", "rope/inverse"}
 
 
@@ -70,9 +71,11 @@ for c in checks:
 assert any(c["max_rel_err"] > 0 for c in checks)
 assert cpu["selfcheck"]["failed"] == 0 and cpu["verdict"] == "supported", cpu["why"]
 # The quantized-input checks say which kernel ran; AMX only where the CPU reports AMX-BF16.
-assert cpu["matmul_kernel"] in ("amx-bf16", "fp32"), cpu["matmul_kernel"]
+assert cpu["matmul_kernel"] in ("amx-bf16", "avx512-bf16", "fp32"), cpu["matmul_kernel"]
 if cpu["matmul_kernel"] == "amx-bf16":
     assert cpu["features"]["amx_bf16"] and cpu["features"]["avx512_bf16"], cpu["features"]
+if cpu["matmul_kernel"] == "avx512-bf16":
+    assert cpu["features"]["avx512_bf16"], cpu["features"]
 # One token of FP8/FP4 goes to the tile-exact AVX-512 kernels where doctor says they are in use.
 assert isinstance(cpu["vector_kernels"], bool)
 if cpu["vector_kernels"]:
@@ -81,6 +84,10 @@ for c in checks:
     if c["op"].endswith("/act-fp8"):
         one_token = c["shape"].startswith("m=1 ") and not c["op"].startswith("gemm/bf16")
         kernel = "avx512-vector" if one_token and cpu["vector_kernels"] else cpu["matmul_kernel"]
+        # The AVX-512 BF16 kernels take whole 128-column blocks only.
+        cols = int(c["shape"].split("cols=")[1].split()[0])
+        if kernel == "avx512-bf16" and cols % 128 != 0:
+            kernel = "fp32"
         assert "kernel=" + kernel in c["shape"], c
 
 g = cpu["gemm_probe"]

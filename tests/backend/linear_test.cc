@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "../tolerance.h"
 #include "backend/cpu/linear_amx.h"
 #include "backend/cpu/linear_amx_internal.h"
+#include "backend/cpu/linear_bf16dot.h"
 #include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "core/quant.h"
@@ -158,6 +160,113 @@ TEST(Linear, AmxTilesMatchFp64Reference) {
         ExpectNearReference(w.view, x, m, y);
       }
     }
+}
+
+// The AVX-512 BF16 kernels (the fast path on CPUs without AMX), called directly so that they are
+// tested on AMX machines too: against fp64 over every FP8 code (uniform codes: subnormals and
+// both zeros), trained-like codes, FP4 and bf16; one token, a whole token group, several groups
+// and a ragged last group; ragged row tiles.
+const Shape kDotShapes[] = {
+    {WeightFormat::kFp8Block, 130, 256}, {WeightFormat::kFp8Block, 17, 384},
+    {WeightFormat::kFp8Block, 1, 128},   {WeightFormat::kFp4Packed, 33, 640},
+    {WeightFormat::kFp4Packed, 16, 512}, {WeightFormat::kBF16, 40, 128},
+    {WeightFormat::kBF16, 19, 4096},
+};
+
+std::vector<int64_t> Iota(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+TEST(Linear, Bf16DotMatchesFp64Reference) {
+  if (!bf16dot::Available())
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or DSINFER_CPU_BF16DOT=0)";
+  ThreadPool pool(2);
+  uint32_t seed = 40;
+  for (const Shape& s : kDotShapes)
+    for (bool trained : {false, true}) {
+      if (trained && s.format != WeightFormat::kFp8Block) continue;
+      HostWeight w = MakeMatrix(s.format, s.rows, s.cols, seed++, trained);
+      ASSERT_TRUE(bf16dot::Applies(w.view));
+      for (int64_t m : {1, 2, 8, 17}) {
+        auto x = MakeTokens(m, s.cols, true, seed++);
+        std::vector<float> y(m * s.rows, NAN);
+        bf16dot::MatMulRows(w.view, 0, s.rows, x.data(), Iota(m), y.data(), s.rows, pool);
+        ExpectNearReference(w.view, x, m, y);
+      }
+    }
+  HostWeight odd = MakeMatrix(WeightFormat::kFp8Block, 4, 96, 1);
+  EXPECT_FALSE(bf16dot::Applies(odd.view)) << "columns must be whole 128-column blocks";
+}
+
+// Each output is one fixed instruction sequence: a token's row is bit-identical alone, at any
+// position of any batch size, and for any row range; and MatMul sends bf16-exact rows here when
+// there are no AMX tiles.
+TEST(Linear, Bf16DotTokenResultIsIndependentOfTheBatch) {
+  if (!bf16dot::Available())
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or DSINFER_CPU_BF16DOT=0)";
+  ThreadPool pool(2);
+  for (const Shape& s : kDotShapes) {
+    HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 50);
+    const int64_t m = 19;
+    auto x = MakeTokens(m, s.cols, true, 51);
+    std::vector<float> alone(m * s.rows);
+    for (int64_t t = 0; t < m; ++t)
+      bf16dot::MatMulRows(w.view, 0, s.rows, x.data(), std::vector<int64_t>{t}, alone.data(),
+                          s.rows, pool);
+    for (int64_t n : {2, 3, 8, 9, 16, 19}) {
+      std::vector<int64_t> tokens(n);  // tokens in reverse order from m - 1
+      for (int64_t i = 0; i < n; ++i) tokens[i] = m - 1 - i;
+      std::vector<float> batch(m * s.rows, NAN);
+      bf16dot::MatMulRows(w.view, 0, s.rows, x.data(), tokens, batch.data(), s.rows, pool);
+      for (int64_t t : tokens)
+        for (int64_t r = 0; r < s.rows; ++r)
+          ASSERT_EQ(std::bit_cast<uint32_t>(alone[t * s.rows + r]),
+                    std::bit_cast<uint32_t>(batch[t * s.rows + r]))
+              << "token " << t << " of " << n << " row " << r << " shape " << s.rows << "x"
+              << s.cols;
+    }
+    const int64_t r0 = s.rows > 3 ? 3 : 0, r1 = s.rows;  // tiles start at another row
+    std::vector<float> part(m * (r1 - r0));
+    bf16dot::MatMulRows(w.view, r0, r1, x.data(), Iota(m), part.data(), r1 - r0, pool);
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t r = r0; r < r1; ++r)
+        ASSERT_EQ(std::bit_cast<uint32_t>(part[t * (r1 - r0) + (r - r0)]),
+                  std::bit_cast<uint32_t>(alone[t * s.rows + r]));
+    if (!amx::Available()) {
+      std::vector<float> via_matmul(m * s.rows);
+      MatMul(w.view, x.data(), m, via_matmul.data(), pool);
+      EXPECT_EQ(0, std::memcmp(via_matmul.data(), alone.data(), alone.size() * sizeof(float)));
+    }
+  }
+}
+
+// FP4 scale codes at the ends of the e8m0 range: 0 is 2^-127 (a subnormal scale, exact in the
+// fp32 multiply), 255 is NaN and poisons only its rows' outputs.
+TEST(Linear, Bf16DotScaleCodesAtTheEnds) {
+  if (!bf16dot::Available())
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or DSINFER_CPU_BF16DOT=0)";
+  ThreadPool pool(1);
+  HostWeight w = MakeMatrix(WeightFormat::kFp4Packed, 4, 256, 60);
+  w.data.assign(w.data.size(), 0x77);  // every weight 6
+  w.view.data = w.data.data();
+  w.scales.assign(w.scales.size(), 127);  // scale 1
+  w.view.scales = w.scales.data();
+  w.scales[0 * w.view.scale_cols + 3] = 0;    // row 0, chunk 3: 2^-127
+  w.scales[1 * w.view.scale_cols + 5] = 255;  // row 1, chunk 5: NaN
+  w.scales[2 * w.view.scale_cols + 7] = 254;  // row 2, chunk 7: 2^127
+  std::vector<float> x(2 * 256, 0.0f);        // [2, 256]
+  x[3 * 32] = 0x1p100f;                       // token 0, row 0: 6 * 2^-127 * 2^100 = 1.5 * 2^-25
+  x[256 + 1] = 1.0f;                          // token 1: 6 from chunk 0 (scale 1) in every row
+  x[256 + 7 * 32] = 0x1p-120f;                // token 1, row 2: 6 * 2^127 * 2^-120 = 768
+  std::vector<float> y(2 * 4);
+  bf16dot::MatMulRows(w.view, 0, 4, x.data(), Iota(2), y.data(), 4, pool);
+  EXPECT_EQ(y[0], 0x1.8p-25f);
+  EXPECT_EQ(y[3], 0x1.8p102f);                            // 6 * 2^100 with scale 1
+  EXPECT_TRUE(std::isnan(y[1]) && std::isnan(y[4 + 1]));  // NaN * 0 is NaN
+  EXPECT_EQ(y[4 + 2], 6.0f + 768.0f);
+  EXPECT_EQ(y[4 + 3], 6.0f);  // + 6 * 2^-120 rounds away
 }
 
 // The vector kernels (FP8/FP4, up to 2 tokens) compute the tile unit's arithmetic: the same

@@ -10,6 +10,7 @@
 #endif
 
 #include "backend/cpu/linear_amx.h"
+#include "backend/cpu/linear_bf16dot.h"
 #include "core/dtype.h"
 
 namespace dsinfer::backend::cpu {
@@ -356,17 +357,23 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
 
 void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
                 int64_t m, float* y, ThreadPool& pool) {
-  if (!amx::Available() || !amx::Applies(w)) {
+  const ExactRowKernel fast = ExactRowKernelFor(w);
+  if (fast == ExactRowKernel::kFp32) {
     MatMulRowsFp32(w, row_begin, row_end, x, m, y, pool);
     return;
   }
-  // Token rows holding bf16-exact values (the official numerics) go to the AMX tiles, the others
+  // Token rows holding bf16-exact values (the official numerics) go to the fast path, the others
   // to the FP32 kernels. The choice is per row, from that row's values alone, so a token's
   // result never depends on which other tokens share the call.
   const int64_t k = w.cols, n_out = row_end - row_begin;
   std::vector<int64_t> exact, other;
   for (int64_t i = 0; i < m; ++i) (amx::RowIsBf16Exact(x + i * k, k) ? exact : other).push_back(i);
-  if (!exact.empty()) amx::MatMulRows(w, row_begin, row_end, x, exact, y, n_out, pool);
+  if (!exact.empty()) {
+    if (fast == ExactRowKernel::kAmxTiles)
+      amx::MatMulRows(w, row_begin, row_end, x, exact, y, n_out, pool);
+    else
+      bf16dot::MatMulRows(w, row_begin, row_end, x, exact, y, n_out, pool);
+  }
   if (other.empty()) return;
   if (exact.empty()) {
     MatMulRowsFp32(w, row_begin, row_end, x, m, y, pool);
@@ -379,6 +386,16 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
                  pool);
   for (size_t i = 0; i < other.size(); ++i)
     std::copy_n(yo.data() + i * n_out, n_out, y + other[i] * n_out);
+}
+
+ExactRowKernel ExactRowKernelFor(const WeightMatrix& w) {
+  if (amx::Available() && amx::Applies(w)) return ExactRowKernel::kAmxTiles;
+  if (bf16dot::Available() && bf16dot::Applies(w)) return ExactRowKernel::kAvx512Bf16;
+  return ExactRowKernel::kFp32;
+}
+
+const char* MachineMatMulKernel() {
+  return amx::Available() ? "amx-bf16" : bf16dot::Available() ? "avx512-bf16" : "fp32";
 }
 
 void MatMul(const WeightMatrix& w, const float* x, int64_t m, float* y, ThreadPool& pool) {

@@ -23,4 +23,12 @@ void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end
 
 float Dot(const float* a, const float* b, int64_t n);
 
+// Which kernels MatMul runs for token rows of w that hold bf16-exact values (the official
+// numerics): AMX tiles where the CPU has them, else AVX-512 BF16 dot products, else FP32.
+enum class ExactRowKernel { kAmxTiles, kAvx512Bf16, kFp32 };
+ExactRowKernel ExactRowKernelFor(const model::WeightMatrix& w);
+// The same for this machine and weights that any fast path takes: "amx-bf16", "avx512-bf16" or
+// "fp32" (for reports).
+const char* MachineMatMulKernel();
+
 }  // namespace dsinfer::backend::cpu

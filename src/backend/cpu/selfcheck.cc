@@ -85,7 +85,8 @@ SelfCheckResult CheckMatMul(ThreadPool& pool, WeightFormat format, int64_t m, in
   r.budget = kSelfCheckMatMulRelToSumAbs;
   HostWeight w = RandomWeight(rng, format, rows, cols, {.name = "selfcheck.w"});
   if (quantized_input)
-    r.shape += !(amx::Available() && amx::Applies(w.view)) ? " kernel=fp32"
+    r.shape += ExactRowKernelFor(w.view) == ExactRowKernel::kFp32         ? " kernel=fp32"
+               : ExactRowKernelFor(w.view) == ExactRowKernel::kAvx512Bf16 ? " kernel=avx512-bf16"
                : amx::VectorApplies(w.view, m) && amx::VectorInUse()
                    ? " kernel=avx512-vector (tile-exact)"
                    : " kernel=amx-bf16";
@@ -201,6 +202,12 @@ std::vector<SelfCheckResult> RunCpuSelfCheck(ThreadPool& pool, uint32_t seed) {
   // 512-column groups and a tail chunk.
   for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed})
     out.push_back(CheckMatMul(pool, f, 1, 203, 1056, true, rng));
+  // Whole 128-column blocks (what the AVX-512 BF16 kernels take on CPUs without AMX; 416 and 1056
+  // columns fall back to FP32 there): 384 columns, one token and 17 (two token groups, one
+  // ragged).
+  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kFp4Packed, WeightFormat::kBF16})
+    for (int64_t m : {int64_t{1}, int64_t{17}})
+      out.push_back(CheckMatMul(pool, f, m, 203, 384, true, rng));
   out.push_back(CheckRmsNorm(3, 1000, false, rng));
   out.push_back(CheckRmsNorm(3, 1000, true, rng));
   out.push_back(CheckRope(64, false, rng));

@@ -1,0 +1,357 @@
+#include "backend/cpu/linear_bf16dot.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/linear_amx_internal.h"  // kFp4Table: bf16 bits of the e2m1 codes
+#include "core/dtype.h"
+#include "core/status.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSINFER_BF16DOT_COMPILED 1
+// Compiled for AVX-512 BF16 whatever the build's -march, called only after Available().
+#define DSINFER_BF16DOT_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace dsinfer::backend::cpu::bf16dot {
+
+using model::WeightFormat;
+using model::WeightMatrix;
+
+namespace {
+
+constexpr int kBlockCols = 128;  // columns per scale block: 4 vectors of 32 bf16
+constexpr int kVecWords = 32;    // bf16 per vector
+constexpr int kRowTile = 16;     // rows per task unit: a tile's weights stay in L2 across passes
+constexpr int kMaxTokens = 8;    // tokens per pass over a row tile (registers)
+constexpr int kChunkBlocks = 8;  // blocks per column chunk (a multiple of 4), see DotTile
+
+// Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
+// order the conversions below produce, so the activations are permuted once per call instead of
+// the weights once per row.
+//   FP4: a 64-byte load holds the block; vector j is nibble j of each 16-bit word (word p holds
+//        columns 4 p .. 4 p + 3).
+//   FP8: two 64-byte loads (halves h); vectors 2 h and 2 h + 1 are the low and high bytes of the
+//        words of half h.
+//   BF16: natural order.
+constexpr int BlockColumn(WeightFormat f, int j, int p) {
+  switch (f) {
+    case WeightFormat::kFp4Packed:
+      return 4 * p + j;
+    case WeightFormat::kFp8Block:
+      return 64 * (j / 2) + 2 * p + j % 2;
+    default:
+      return kVecWords * j + p;
+  }
+}
+
+// BlockColumn as a table: position q = 32 j + p of a block -> its column in the block.
+using BlockOrder = std::array<uint8_t, kBlockCols>;
+constexpr BlockOrder MakeBlockOrder(WeightFormat f) {
+  BlockOrder order{};
+  for (int q = 0; q < kBlockCols; ++q)
+    order[q] = static_cast<uint8_t>(BlockColumn(f, q / kVecWords, q % kVecWords));
+  return order;
+}
+constexpr BlockOrder kFp4Order = MakeBlockOrder(WeightFormat::kFp4Packed);
+constexpr BlockOrder kFp8Order = MakeBlockOrder(WeightFormat::kFp8Block);
+constexpr BlockOrder kNaturalOrder = MakeBlockOrder(WeightFormat::kBF16);
+
+#ifdef DSINFER_BF16DOT_COMPILED
+bool ProbeBf16Dot() {
+  const char* env = std::getenv("DSINFER_CPU_BF16DOT");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return false;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27);
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+             avx512vl = b & (1u << 31);
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  const bool avx512_bf16 = a & (1u << 5);
+  if (!(fma && osxsave && avx512f && avx512dq && avx512bw && avx512vl && avx512_bf16)) return false;
+  // The OS must save the AVX-512 state (XCR0 bits 1, 2, 5, 6, 7).
+  uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  constexpr uint32_t kAvx512State = 0xe6;
+  return (xcr0_lo & kAvx512State) == kAvx512State;
+}
+
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which trips
+// -Wmaybe-uninitialized when they are inlined into a target("avx512f") function (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+// bf16 bits of m * 2^-9, the value of the subnormal e4m3 code with mantissa m (m = 0..7; the
+// rest unused).
+alignas(64) constexpr std::array<uint16_t, 32> kFp8SubnormalBf16 = [] {
+  std::array<uint16_t, 32> t{};
+  for (int m = 0; m < 8; ++m)
+    t[m] = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(m) * 0x1p-9f) >> 16);
+  return t;
+}();
+
+// e4m3 codes in the high bytes of the words of `high` (low bytes zero), and the same codes in the
+// low 5 bits of `index`'s words -> bf16 of their exact values. Normal codes: the exponent and
+// mantissa move into place and the exponent is rebiased (7 -> 127); subnormal codes and zeros
+// (exponent bits 0) come from kFp8SubnormalBf16 by their mantissa; then the sign.
+DSINFER_BF16DOT_TARGET inline __m512i Fp8HighBytesToBf16(__m512i high, __m512i index,
+                                                         __m512i subnormal_table) {
+  const __m512i moved = _mm512_and_si512(_mm512_srli_epi16(high, 4), _mm512_set1_epi16(0x07f0));
+  __m512i bf = _mm512_add_epi16(moved, _mm512_set1_epi16(120 << 7));
+  const __mmask32 low = _mm512_testn_epi16_mask(high, _mm512_set1_epi16(0x7800));
+  bf = _mm512_mask_permutexvar_epi16(bf, low, index, subnormal_table);
+  // bf | (high & 0x8000)
+  return _mm512_ternarylogic_epi32(bf, high, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xf8);
+}
+
+// Block b of one weight row as 4 bf16 vectors in BlockColumn order, unscaled.
+template <WeightFormat F>
+DSINFER_BF16DOT_TARGET __attribute__((always_inline)) inline void ConvertBlock(const uint8_t* row,
+                                                                               int64_t b,
+                                                                               __m512i (&v)[4]) {
+  if constexpr (F == WeightFormat::kFp4Packed) {
+    const __m512i table = _mm512_load_si512(amx::internal::kFp4Table.data());
+    // The word permute reads each word's low 5 bits: nibble j and the next nibble's low bit,
+    // which the duplicated table ignores.
+    const __m512i z = _mm512_loadu_si512(row + b * (kBlockCols / 2));
+    v[0] = _mm512_permutexvar_epi16(z, table);
+    v[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(z, 4), table);
+    v[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(z, 8), table);
+    v[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(z, 12), table);
+  } else if constexpr (F == WeightFormat::kFp8Block) {
+    const __m512i table = _mm512_load_si512(kFp8SubnormalBf16.data());
+    for (int h = 0; h < 2; ++h) {
+      const __m512i z = _mm512_loadu_si512(row + b * kBlockCols + 64 * h);
+      v[2 * h] = Fp8HighBytesToBf16(_mm512_slli_epi16(z, 8), z, table);
+      v[2 * h + 1] =
+          Fp8HighBytesToBf16(_mm512_and_si512(z, _mm512_set1_epi16(static_cast<int16_t>(0xff00))),
+                             _mm512_srli_epi16(z, 8), table);
+    }
+  } else {
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_si512(row + b * kBlockCols * 2 + 64 * j);
+  }
+}
+
+// The fp32 values of 16 e8m0 codes (codes [n, 16) read as zero): 2^(code - 127), 2^-127
+// (subnormal) for code 0, NaN for 255 (as E8M0ToF32).
+DSINFER_BF16DOT_TARGET inline __m512 E8m0Values(const uint8_t* codes, int n) {
+  const __m512i c =
+      _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), codes));
+  __m512i bits = _mm512_slli_epi32(c, 23);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()),
+                               _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(255)),
+                               _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(bits);
+}
+
+// kFp4LaneChunk[i]: lane d of a block's scale vector is chunk 4 i + d / 4 of a group of 4 blocks
+// (dword d of every vector of an FP4 block holds columns of chunk d / 4, see BlockColumn).
+alignas(64) constexpr std::array<std::array<int32_t, 16>, 4> kFp4LaneChunk = [] {
+  std::array<std::array<int32_t, 16>, 4> idx{};
+  for (int i = 0; i < 4; ++i)
+    for (int d = 0; d < 16; ++d) idx[i][d] = 4 * i + d / 4;
+  return idx;
+}();
+
+// The running sums of one row tile for one token group, kept between column chunks: [row in
+// tile][token in group] fp32 x 16 lanes. Storing and reloading them is exact, so chunking the
+// columns does not change the instruction sequence of any output.
+struct TileSums {
+  alignas(64) float lanes[kRowTile][kMaxTokens][16];
+};
+
+// Blocks [b0, b1) of R weight rows from r (row - tile_row0 = its row in the tile) against T
+// tokens (xb [token][k] bf16 in BlockColumn order, x_token words apart), adding into sums.
+// b0 is a multiple of 4 (the FP4 scales are read 4 blocks at a time).
+template <WeightFormat F, int R, int T>
+DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_row, int64_t b0,
+                                    int64_t b1, const uint16_t* xb, int64_t x_token,
+                                    TileSums& sums) {
+  const int64_t row_bytes = F == WeightFormat::kFp4Packed  ? w.cols / 2
+                            : F == WeightFormat::kFp8Block ? w.cols
+                                                           : w.cols * 2;
+  __m512 acc[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < T; ++t) acc[i][t] = _mm512_load_ps(sums.lanes[tile_row + i][t]);
+  for (int64_t g = b0; g < b1; g += 4) {
+    const int64_t g_end = std::min(b1, g + 4);
+    __m512 chunk_scales[R];  // FP4: the 16 chunks of blocks g .. g + 3 (lane = chunk)
+    if constexpr (F == WeightFormat::kFp4Packed)
+      for (int i = 0; i < R; ++i)
+        chunk_scales[i] = E8m0Values(w.scales + (r + i) * w.scale_cols + 4 * g,
+                                     static_cast<int>(4 * (g_end - g)));
+    for (int64_t b = g; b < g_end; ++b) {
+      for (int i = 0; i < R; ++i) {
+        __m512i v[4];
+        ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v);
+        __m512 scale;
+        if constexpr (F == WeightFormat::kFp4Packed)
+          scale = _mm512_permutexvar_ps(_mm512_load_si512(kFp4LaneChunk[b - g].data()),
+                                        chunk_scales[i]);
+        else if constexpr (F == WeightFormat::kFp8Block)
+          scale = _mm512_set1_ps(w.Scale(r + i, b * kBlockCols));
+        else
+          scale = _mm512_set1_ps(1.0f);
+        for (int t = 0; t < T; ++t) {
+          const uint16_t* xt = xb + t * x_token + b * kBlockCols;
+          __m512 part = _mm512_setzero_ps();
+          for (int j = 0; j < 4; ++j)
+            part = _mm512_dpbf16_ps(
+                part, reinterpret_cast<__m512bh>(v[j]),
+                reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + j * kVecWords)));
+          acc[i][t] = _mm512_fmadd_ps(part, scale, acc[i][t]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < T; ++t) _mm512_store_ps(sums.lanes[tile_row + i][t], acc[i][t]);
+}
+
+// Rows [r0, r1) of one tile (at most kRowTile) against T tokens: y[tokens[t] * ldy + (r - r0)].
+// Columns go in chunks of kChunkBlocks blocks so that the group's activations for a chunk
+// (T x 1024 bf16 = 16 KiB at T = 8) stay in L1 while every row of the tile passes over them:
+// read from L2 once per row, they cost more than the dot products (measured on Zen 4). R rows at
+// a time when there are few tokens, so a few independent chains are in flight.
+template <WeightFormat F, int T>
+DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r1,
+                                    const uint16_t* xb, int64_t x_token, const int64_t* tokens,
+                                    float* y, int64_t ldy) {
+  constexpr int R = T == 1 ? 2 : 1;
+  const int64_t blocks = w.cols / kBlockCols;
+  const int n_rows = static_cast<int>(r1 - r0);
+  TileSums sums;
+  for (int i = 0; i < n_rows; ++i)
+    for (int t = 0; t < T; ++t) _mm512_store_ps(sums.lanes[i][t], _mm512_setzero_ps());
+  for (int64_t b0 = 0; b0 < blocks; b0 += kChunkBlocks) {
+    const int64_t b1 = std::min(blocks, b0 + kChunkBlocks);
+    int i = 0;
+    for (; i + R <= n_rows; i += R) DotRows<F, R, T>(w, r0 + i, i, b0, b1, xb, x_token, sums);
+    for (; i < n_rows; ++i) DotRows<F, 1, T>(w, r0 + i, i, b0, b1, xb, x_token, sums);
+  }
+  for (int i = 0; i < n_rows; ++i)
+    for (int t = 0; t < T; ++t)
+      y[tokens[t] * ldy + i] = _mm512_reduce_add_ps(_mm512_load_ps(sums.lanes[i][t]));
+}
+
+template <WeightFormat F>
+DSINFER_BF16DOT_TARGET void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1,
+                                      const uint16_t* xb, int64_t x_token, const int64_t* tokens,
+                                      int n, float* y, int64_t ldy) {
+  switch (n) {
+    case 1:
+      return DotTile<F, 1>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 2:
+      return DotTile<F, 2>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 3:
+      return DotTile<F, 3>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 4:
+      return DotTile<F, 4>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 5:
+      return DotTile<F, 5>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 6:
+      return DotTile<F, 6>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    case 7:
+      return DotTile<F, 7>(w, r0, r1, xb, x_token, tokens, y, ldy);
+    default:
+      return DotTile<F, 8>(w, r0, r1, xb, x_token, tokens, y, ldy);
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // DSINFER_BF16DOT_COMPILED
+
+}  // namespace
+
+bool Available() {
+#ifdef DSINFER_BF16DOT_COMPILED
+  static const bool available = ProbeBf16Dot();  // a fact about this machine, computed once
+  return available;
+#else
+  return false;
+#endif
+}
+
+bool Applies(const WeightMatrix& w) {
+  if (w.cols % kBlockCols != 0 || w.data == nullptr) return false;
+  switch (w.format) {
+    case WeightFormat::kBF16:
+      return true;
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kFp4Packed:
+      return w.scale_dtype == DType::kF8E8M0;
+    default:
+      return false;
+  }
+}
+
+void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
+                std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool) {
+#ifdef DSINFER_BF16DOT_COMPILED
+  DSINFER_CHECK_MSG(Available() && Applies(w), "bf16dot::MatMulRows: no kernel for this matrix");
+  const int64_t n_tok = static_cast<int64_t>(tokens.size());
+  if (n_tok == 0 || row_end <= row_begin) return;
+  const int64_t k = w.cols;
+  // The activations as bf16 in BlockColumn order: xb [slot][k] (the rows are bf16-exact, so the
+  // conversion does not round).
+  const BlockOrder& order = w.format == WeightFormat::kFp4Packed  ? kFp4Order
+                            : w.format == WeightFormat::kFp8Block ? kFp8Order
+                                                                  : kNaturalOrder;
+  // 64-byte aligned: a vector load that straddles two cache lines costs two.
+  std::vector<uint16_t> xb_storage(n_tok * k + 32);
+  const uintptr_t misalign = reinterpret_cast<uintptr_t>(xb_storage.data()) % 64;
+  uint16_t* const xb = xb_storage.data() + (64 - misalign) % 64 / 2;
+  for (int64_t s = 0; s < n_tok; ++s) {
+    const float* xr = x + tokens[s] * k;
+    uint16_t* dst = xb + s * k;
+    for (int64_t c0 = 0; c0 < k; c0 += kBlockCols)
+      for (int q = 0; q < kBlockCols; ++q) dst[c0 + q] = F32ToBf16(xr[c0 + order[q]]);
+  }
+  const int64_t n_tiles = (row_end - row_begin + kRowTile - 1) / kRowTile;
+  pool.ParallelForRange(
+      n_tiles,
+      [&](int64_t ta, int64_t tb) {
+        for (int64_t tile = ta; tile < tb; ++tile) {
+          const int64_t r0 = row_begin + tile * kRowTile;
+          const int64_t r1 = std::min(row_end, r0 + kRowTile);
+          for (int64_t s = 0; s < n_tok; s += kMaxTokens) {
+            const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, n_tok - s));
+            const uint16_t* xs = xb + s * k;
+            float* yt = y + (r0 - row_begin);
+            switch (w.format) {
+              case WeightFormat::kFp4Packed:
+                DotTokens<WeightFormat::kFp4Packed>(w, r0, r1, xs, k, tokens.data() + s, n, yt,
+                                                    ldy);
+                break;
+              case WeightFormat::kFp8Block:
+                DotTokens<WeightFormat::kFp8Block>(w, r0, r1, xs, k, tokens.data() + s, n, yt, ldy);
+                break;
+              default:
+                DotTokens<WeightFormat::kBF16>(w, r0, r1, xs, k, tokens.data() + s, n, yt, ldy);
+                break;
+            }
+          }
+        }
+      },
+      1);
+#else
+  (void)w, (void)row_begin, (void)row_end, (void)x, (void)tokens, (void)y, (void)ldy, (void)pool;
+  DSINFER_CHECK_MSG(false, "the AVX-512 BF16 kernels are not compiled in (Available() is false)");
+#endif
+}
+
+}  // namespace dsinfer::backend::cpu::bf16dot
