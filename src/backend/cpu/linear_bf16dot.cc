@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/linear_amx_internal.h"  // kFp4Table: bf16 bits of the e2m1 codes
@@ -143,8 +144,8 @@ DSINFER_BF16DOT_TARGET __attribute__((always_inline)) inline void ConvertBlock(c
   }
 }
 
-// The fp32 values of 16 e8m0 codes (codes [n, 16) read as zero): 2^(code - 127), 2^-127
-// (subnormal) for code 0, NaN for 255 (as E8M0ToF32).
+// The fp32 values of the n <= 16 e8m0 codes at `codes` (lanes [n, 16) unused, nothing past n
+// read): 2^(code - 127), 2^-127 (subnormal) for code 0, NaN for 255 (as E8M0ToF32).
 DSINFER_BF16DOT_TARGET inline __m512 E8m0Values(const uint8_t* codes, int n) {
   const __m512i c =
       _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), codes));
@@ -172,7 +173,7 @@ struct TileSums {
   alignas(64) float lanes[kRowTile][kMaxTokens][16];
 };
 
-// Blocks [b0, b1) of R weight rows from r (row - tile_row0 = its row in the tile) against T
+// Blocks [b0, b1) of R weight rows from r (tile_row: r's index in its tile) against T
 // tokens (xb [token][k] bf16 in BlockColumn order, x_token words apart), adding into sums.
 // b0 is a multiple of 4 (the FP4 scales are read 4 blocks at a time).
 template <WeightFormat F, int R, int T>
@@ -249,28 +250,17 @@ DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r
       y[tokens[t] * ldy + i] = _mm512_reduce_add_ps(_mm512_load_ps(sums.lanes[i][t]));
 }
 
+// DotTile<F, n> for n = 1 .. kMaxTokens, indexed by n - 1.
+template <WeightFormat F, size_t... I>
+constexpr auto DotTileTable(std::index_sequence<I...>) {
+  return std::array{&DotTile<F, static_cast<int>(I) + 1>...};
+}
+
 template <WeightFormat F>
-DSINFER_BF16DOT_TARGET void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1,
-                                      const uint16_t* xb, int64_t x_token, const int64_t* tokens,
-                                      int n, float* y, int64_t ldy) {
-  switch (n) {
-    case 1:
-      return DotTile<F, 1>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 2:
-      return DotTile<F, 2>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 3:
-      return DotTile<F, 3>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 4:
-      return DotTile<F, 4>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 5:
-      return DotTile<F, 5>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 6:
-      return DotTile<F, 6>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    case 7:
-      return DotTile<F, 7>(w, r0, r1, xb, x_token, tokens, y, ldy);
-    default:
-      return DotTile<F, 8>(w, r0, r1, xb, x_token, tokens, y, ldy);
-  }
+void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1, const uint16_t* xb, int64_t x_token,
+               const int64_t* tokens, int n, float* y, int64_t ldy) {
+  static constexpr auto kTiles = DotTileTable<F>(std::make_index_sequence<kMaxTokens>{});
+  kTiles[n - 1](w, r0, r1, xb, x_token, tokens, y, ldy);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
