@@ -14,11 +14,13 @@
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define DSINFER_AMX_COMPILED 1
 // The kernels are compiled for AMX/AVX-512 whatever the build's -march, and only called after
-// the runtime check in Available(), so one binary runs on any x86-64 CPU.
-#define DSINFER_AMX_TARGET                                                   \
-  __attribute__((                                                            \
-      target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma," \
-             "amx-tile,amx-bf16,f16c")))
+// the runtime check in Available(), so one binary runs on any x86-64 CPU. avx512vnni is named
+// for the FP4 integer route (VPDPWSSD): every AMX CPU has it, but a -march=native build on a CPU
+// without AVX-512 (Zen 2) does not enable it implicitly.
+#define DSINFER_AMX_TARGET                                                                       \
+  __attribute__((                                                                                \
+      target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx512vnni,fma,amx-tile," \
+             "amx-bf16,f16c")))
 #endif
 
 namespace dsinfer::backend::cpu::amx::internal {
