@@ -374,4 +374,36 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir,
   return Bind(config, std::move(checkpoint));
 }
 
+namespace {
+
+int64_t ViewBytes(const TensorView& t) {
+  return t.valid() ? t.NumElements() * static_cast<int64_t>(DTypeSize(t.dtype)) : 0;
+}
+
+int64_t HcBytes(const HcParams& h) {
+  return ViewBytes(h.fn) + ViewBytes(h.base) + ViewBytes(h.scale);
+}
+
+}  // namespace
+
+int64_t DenseDecodeBytes(const ModelWeights& w) {
+  const auto& c = w.config();
+  int64_t total = w.head.Bytes() + int64_t{c.hidden} * 2 + ViewBytes(w.norm) + HcBytes(w.hc_head);
+  for (int li = 0; li < c.n_layers; ++li) {
+    const auto& l = w.layers[li];
+    total +=
+        HcBytes(l.hc_attn) + HcBytes(l.hc_ffn) + ViewBytes(l.attn_norm) + ViewBytes(l.ffn_norm);
+    total += l.wq_a.Bytes() + l.wq_b.Bytes() + l.wkv.Bytes() + l.wo_a.Bytes() + l.wo_b.Bytes();
+    total += ViewBytes(l.q_norm) + ViewBytes(l.kv_norm) + ViewBytes(l.attn_sink);
+    if (l.compressor.wkv.valid()) total += l.compressor.wkv.Bytes() + l.compressor.wgate.Bytes();
+    if (l.indexer.wq_b.valid())
+      total += l.indexer.wq_b.Bytes() + l.indexer.weights_proj.Bytes() +
+               l.indexer.compressor.wkv.Bytes() + l.indexer.compressor.wgate.Bytes();
+    total += l.gate.Bytes();
+    if (l.shared.w1.valid())
+      total += l.shared.w1.Bytes() + l.shared.w2.Bytes() + l.shared.w3.Bytes();
+  }
+  return total;
+}
+
 }  // namespace dsinfer::model

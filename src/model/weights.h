@@ -167,6 +167,11 @@ class ModelWeights {
   std::unique_ptr<io::Checkpoint> checkpoint_;
 };
 
+// Bytes one decode step must read besides the routed experts and the KV state: every dense
+// weight of the backbone once (attention, compressors, indexer, router gate, shared expert, mHC
+// and norm parameters), the head, one embedding row. The roofline's fixed part (dsinfer bench).
+int64_t DenseDecodeBytes(const ModelWeights& weights);
+
 // One expected tensor of the official layout: name, accepted dtypes and shape.
 struct TensorSpec {
   std::string name;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../golden_fixtures.h"
 #include "../tolerance.h"
 #include "backend/cpu/cpu_model.h"
 #include "io/safetensors.h"
@@ -21,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string FixtureDir(const std::string& preset) {
-  return std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/golden/" + preset;
+  return dsinfer::testing::GoldenFixtureDir(preset);
 }
 
 uint64_t Fnv1a(const std::string& path) {
@@ -38,12 +39,7 @@ uint64_t Fnv1a(const std::string& path) {
 
 template <typename T>
 std::vector<T> Read(const io::SafetensorsFile& f, const std::string& name) {
-  const io::TensorInfo* info = f.Find(name);
-  if (info == nullptr) return {};
-  auto ref = f.Ref(*info);
-  std::vector<T> out(ref.bytes.size() / sizeof(T));
-  std::memcpy(out.data(), ref.bytes.data(), out.size() * sizeof(T));
-  return out;
+  return dsinfer::testing::ReadGoldenTensor<T>(f, name);
 }
 
 class Golden : public ::testing::TestWithParam<std::string> {};

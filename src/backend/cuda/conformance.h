@@ -69,6 +69,14 @@ CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int
 CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, int width,
                                 bool overlap, bool with_prev, uint32_t seed);
 
+// The activation rounding steps of the official numerics on the GPU (model_kernels.h) against
+// core/quant.h bit for bit: "fp8" / "fp4" round trips over the first n of each row (stride
+// `stride`) in blocks of `block`, or "hadamard" (n a power of two). Inputs span many binades per
+// block, with exact zeros, ties of the target grids and a NaN.
+CheckResult CheckActivationRounding(CudaDevice& dev, const std::string& kind, int64_t rows,
+                                    int64_t n, int64_t stride, int block, bool round_bf16,
+                                    uint32_t seed);
+
 // The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
 // what `dsinfer doctor` runs. A few seconds on any supported GPU.
 std::vector<CheckResult> RunConformance(CudaDevice& dev);

@@ -91,13 +91,16 @@ Result<std::vector<DeviceInfo>> EnumerateDevices() {
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      stream_(std::exchange(other.stream_, nullptr)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     Release();
     ptr_ = std::exchange(other.ptr_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
+    stream_ = std::exchange(other.stream_, nullptr);
   }
   return *this;
 }
@@ -105,7 +108,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 DeviceBuffer::~DeviceBuffer() { Release(); }
 
 void DeviceBuffer::Release() {
-  if (ptr_ != nullptr) cudaFree(ptr_);  // unified addressing: no need to make the device current
+  // Stream-ordered: the memory returns to the device's pool after the work already queued on the
+  // owning stream, so freeing never waits for the device and reuse never races that work.
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
   ptr_ = nullptr;
   bytes_ = 0;
 }
@@ -127,6 +132,17 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Open(int ordinal) {
   DSINFER_RETURN_IF_ERROR(dev->Activate());
   DSINFER_RETURN_IF_ERROR(CudaStatus(
       cudaStreamCreateWithFlags(&dev->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  // Buffers come from the device's stream-ordered pool (cudaMallocAsync), which keeps freed
+  // memory for reuse instead of returning it at every synchronisation: a decode step allocates
+  // and frees small index buffers per layer, and cudaMalloc / cudaFree (which synchronises) each
+  // time cost more than the step's kernels (docs/PERF.md, GPU section).
+  cudaMemPool_t pool = nullptr;
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetDefaultMemPool(&pool, ordinal), "cudaDeviceGetDefaultMemPool"));
+  uint64_t keep_all = UINT64_MAX;
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+                 "cudaMemPoolSetAttribute"));
   return dev;
 }
 
@@ -146,13 +162,15 @@ Result<DeviceBuffer> CudaDevice::Alloc(size_t bytes) {
   DSINFER_RETURN_IF_ERROR(Activate());
   DeviceBuffer b;
   if (bytes == 0) return b;
-  cudaError_t err = cudaMalloc(&b.ptr_, bytes);
+  cudaError_t err = cudaMallocAsync(&b.ptr_, bytes, stream_);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return ResourceExhausted("cudaMalloc of " + std::to_string(bytes) + " bytes on device " +
+    b.ptr_ = nullptr;
+    return ResourceExhausted("cudaMallocAsync of " + std::to_string(bytes) + " bytes on device " +
                              std::to_string(info_.ordinal) + ": " + cudaGetErrorString(err));
   }
   b.bytes_ = bytes;
+  b.stream_ = stream_;
   return b;
 }
 

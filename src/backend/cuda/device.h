@@ -49,7 +49,8 @@ Result<std::vector<DeviceInfo>> EnumerateDevices();
 // Turns a cudaError_t into a Status naming what failed.
 Status CudaStatus(cudaError_t err, const char* what);
 
-// Device memory; freed on destruction. Move-only.
+// Device memory from the device's stream-ordered pool; returned to it on destruction, after
+// the work already queued on the device's stream. Must not outlive its CudaDevice. Move-only.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -71,6 +72,7 @@ class DeviceBuffer {
   void Release();
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;  // the owning device's stream: frees are ordered on it
 };
 
 class CudaDevice {

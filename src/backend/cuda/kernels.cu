@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace dsinfer::backend::cuda {
@@ -37,15 +38,6 @@ __device__ __forceinline__ float E2m1ToF32(uint32_t nibble) {
   return (nibble & 8u) ? -v : v;
 }
 
-// Same bits as core/dtype.h F32ToBf16 + Bf16ToF32 (RNE, quiet NaN).
-__device__ __forceinline__ float RoundBf16(float f) {
-  uint32_t u = static_cast<uint32_t>(__float_as_int(f));
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return __int_as_float(static_cast<int>((u | 0x400000u) & 0xffff0000u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return __int_as_float(static_cast<int>(u & 0xffff0000u));
-}
-
 __device__ __forceinline__ float ScaleAt(const DeviceWeightView& w, int64_t idx) {
   if (w.scales_f32) return reinterpret_cast<const float*>(w.scales)[idx];
   return E8m0ToF32(w.scales[idx]);
@@ -66,24 +58,6 @@ __device__ __forceinline__ float LoadW(const DeviceWeightView& w, int64_t r, int
     return E2m1ToF32((c & 1) ? (byte >> 4) : (byte & 0xfu)) *
            ScaleAt(w, r * w.scale_cols + (c >> 5));
   }
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over a block of blockDim.x (multiple of 32, <= 1024) threads; every thread gets it.
-__device__ float BlockSum(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpSum(v);
-  __syncthreads();  // `partial` may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int n_warps = (blockDim.x + 31) >> 5;
-  float s = lane < n_warps ? partial[lane] : 0.0f;
-  return WarpSum(s);
 }
 
 __global__ void NoopKernel() {}
@@ -156,12 +130,113 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---- vectorised decode-shaped kernels
+// ------------------------------------------------------------- Each lane reads 16 bytes of a
+// weight row per load (4 f32, 8 bf16, 16 e4m3 or 32 e2m1), so a warp moves 512 contiguous bytes per
+// instruction instead of 32-128: the scalar kernels above were bound by the number of loads in
+// flight, not by bandwidth (docs/PERF.md, GPU section). Used when every row starts on a 16-byte
+// boundary (row bytes and the base pointers aligned).
+template <Format F>
+constexpr int kVecElems = F == Format::kF32        ? 4
+                          : F == Format::kBF16     ? 8
+                          : F == Format::kFp8Block ? 16
+                                                   : 32;
+
+template <Format F>
+__host__ __device__ constexpr int64_t RowBytes(int64_t cols) {
+  return F == Format::kF32        ? cols * 4
+         : F == Format::kBF16     ? cols * 2
+         : F == Format::kFp8Block ? cols
+                                  : cols / 2;
+}
+
+// Weights (r, c0 .. c0 + kVecElems<F>) as fp32 (one 16-byte load; c0 a multiple of kVecElems).
+template <Format F>
+__device__ __forceinline__ void LoadWVec(const DeviceWeightView& w, int64_t r, int64_t c0,
+                                         float* out) {
+  const uint4 raw =
+      *reinterpret_cast<const uint4*>(w.data + r * RowBytes<F>(w.cols) + RowBytes<F>(c0));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (F == Format::kF32) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __int_as_float(static_cast<int>(words[i]));
+  } else if constexpr (F == Format::kBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __int_as_float(static_cast<int>(words[i] << 16));
+      out[2 * i + 1] = __int_as_float(static_cast<int>(words[i] & 0xffff0000u));
+    }
+  } else if constexpr (F == Format::kFp8Block) {
+    const float s = ScaleAt(w, (r >> 7) * w.scale_cols + (c0 >> 7));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) out[i] = E4m3ToF32((words[i / 4] >> (8 * (i % 4))) & 0xffu) * s;
+  } else {
+    const float s = ScaleAt(w, r * w.scale_cols + (c0 >> 5));
+#pragma unroll
+    for (int i = 0; i < 32; ++i) out[i] = E2m1ToF32((words[i / 8] >> (4 * (i % 8))) & 0xfu) * s;
+  }
+}
+
+// acc[j] += w[0..E) . x[j * cols + c0 ..) for the first m rows of x (float4 loads of x).
+template <int E, int kMaxRows>
+__device__ __forceinline__ void AccumulateVec(const float* wv, const float* const* xrows, int m,
+                                              int64_t c0, float* acc) {
+#pragma unroll
+  for (int j = 0; j < kMaxRows; ++j) {
+    if (j >= m) break;
+    const float4* xv = reinterpret_cast<const float4*>(xrows[j] + c0);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+      const float4 v = xv[q];
+      acc[j] = fmaf(wv[4 * q], v.x, acc[j]);
+      acc[j] = fmaf(wv[4 * q + 1], v.y, acc[j]);
+      acc[j] = fmaf(wv[4 * q + 2], v.z, acc[j]);
+      acc[j] = fmaf(wv[4 * q + 3], v.w, acc[j]);
+    }
+  }
+}
+
+template <Format F>
+__global__ void __launch_bounds__(256)
+    GemvVecKernel(DeviceWeightView w, const float* x, int m, float* y) {
+  constexpr int E = kVecElems<F>;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= w.rows) return;
+  const float* xrows[kGemvMaxM];
+#pragma unroll
+  for (int j = 0; j < kGemvMaxM; ++j) xrows[j] = x + j * w.cols;
+  float acc[kGemvMaxM] = {};
+  for (int64_t c0 = lane * E; c0 < w.cols; c0 += 32 * E) {
+    float wv[E];
+    LoadWVec<F>(w, r, c0, wv);
+    AccumulateVec<E, kGemvMaxM>(wv, xrows, m, c0, acc);
+  }
+#pragma unroll
+  for (int j = 0; j < kGemvMaxM; ++j) {
+    if (j >= m) break;
+    const float sum = WarpSum(acc[j]);
+    if (lane == 0) y[j * w.rows + r] = sum;
+  }
+}
+
+// Whether the vectorised kernels apply: 16-byte aligned rows of whole 16-byte chunks, and an
+// aligned activation matrix.
+template <Format F>
+bool VecApplies(const uint8_t* data, int64_t cols, const float* x) {
+  return cols % kVecElems<F> == 0 && RowBytes<F>(cols) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
 template <Format F>
 cudaError_t LaunchMatMulFor(const DeviceWeightView& w, const float* x, int64_t m, float* y,
                             cudaStream_t stream) {
   if (m <= kGemvMaxM) {
     const unsigned blocks = static_cast<unsigned>((w.rows + 7) / 8);
-    GemvKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
+    if (VecApplies<F>(w.data, w.cols, x))
+      GemvVecKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
+    else
+      GemvKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
   } else {
     dim3 grid(static_cast<unsigned>((w.rows + kTileN - 1) / kTileN),
               static_cast<unsigned>((m + kTileM - 1) / kTileM));
@@ -292,6 +367,24 @@ __global__ void HcPostKernel(HcShape s, const float* mix_in, const float* a, flo
   }
 }
 
+__global__ void HcHeadKernel(HcShape s, const float* base, const float* scale, const float* H,
+                             const float* dots, float* y, bool round_bf16) {
+  const int hc = s.hc;
+  const int64_t t = blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= s.hidden) return;
+  const float* d = dots + t * (hc + 1);
+  const float r = 1.0f / sqrtf(__fadd_rn(d[hc] / static_cast<float>(hc * s.hidden), s.norm_eps));
+  const float* h = H + t * hc * s.hidden;
+  float acc = 0.0f;
+  for (int j = 0; j < hc; ++j) {
+    const float pre =
+        __fadd_rn(Sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(d[j], r), scale[0]), base[j])), s.hc_eps);
+    acc = __fadd_rn(acc, __fmul_rn(pre, h[j * s.hidden + i]));
+  }
+  y[t * s.hidden + i] = round_bf16 ? RoundBf16(acc) : acc;
+}
+
 // ---- probes ----------------------------------------------------------------------------------
 __global__ void ReadProbeKernel(const float4* x, int64_t n4, float* out) {
   float s = 0.0f;
@@ -412,6 +505,51 @@ __global__ void __launch_bounds__(256)
     const float sum = WarpSum(acc[j]);
     if (lane == 0) y[static_cast<int64_t>(begin + j) * rows + r] = sum;
   }
+}
+
+// GroupedMatMulKernel with 16-byte weight loads (see GemvVecKernel); every expert's data is
+// 16-byte aligned (separate allocations) and x's rows are (checked at launch).
+template <Format F>
+__global__ void __launch_bounds__(256)
+    GroupedMatMulVecKernel(const DeviceWeightView* experts, const int32_t* tiles,
+                           const int32_t* row_token, const float* x, int64_t rows, int64_t cols,
+                           float* y) {
+  constexpr int E = kVecElems<F>;
+  const int32_t expert = tiles[3 * blockIdx.x], begin = tiles[3 * blockIdx.x + 1],
+                count = tiles[3 * blockIdx.x + 2];
+  const DeviceWeightView w = experts[expert];
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;  // whole warps: r depends on the warp only
+  const float* xrows[kGroupedTileRows];
+#pragma unroll
+  for (int j = 0; j < kGroupedTileRows; ++j)
+    xrows[j] = x + (j < count ? static_cast<int64_t>(row_token[begin + j]) * cols : 0);
+  float acc[kGroupedTileRows] = {};
+  for (int64_t c0 = lane * E; c0 < cols; c0 += 32 * E) {
+    float wv[E];
+    LoadWVec<F>(w, r, c0, wv);
+    AccumulateVec<E, kGroupedTileRows>(wv, xrows, count, c0, acc);
+  }
+#pragma unroll
+  for (int j = 0; j < kGroupedTileRows; ++j) {
+    if (j >= count) break;  // count is the same for the whole block
+    const float sum = WarpSum(acc[j]);
+    if (lane == 0) y[static_cast<int64_t>(begin + j) * rows + r] = sum;
+  }
+}
+
+template <Format F>
+void LaunchGroupedFor(dim3 grid, const DeviceWeightView* experts, const int32_t* tiles,
+                      const int32_t* row_token, const float* x, int64_t rows, int64_t cols,
+                      float* y, cudaStream_t stream) {
+  // Expert data are separate 256-byte aligned allocations: alignment hinges on the row bytes.
+  if (cols % kVecElems<F> == 0 && RowBytes<F>(cols) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    GroupedMatMulVecKernel<F>
+        <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+  else
+    GroupedMatMulKernel<F><<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
 }
 
 // ---- indexer scores and top-k (spec §5.4) ------------------------------------------------------
@@ -695,6 +833,20 @@ cudaError_t LaunchHcPost(const HcShape& s, const float* mix, const float* a, flo
   return cudaGetLastError();
 }
 
+cudaError_t LaunchHcHead(const HcShape& s, const float* fn, const float* base, const float* scale,
+                         const float* H, int64_t tokens, float* dots, float* y, bool round_bf16,
+                         cudaStream_t stream) {
+  if (s.hc < 1 || s.hc > kMaxHc) return cudaErrorInvalidValue;
+  if (tokens <= 0) return cudaSuccess;
+  HcDotsKernel<<<dim3(static_cast<unsigned>(tokens), s.hc + 1), 256, 0, stream>>>(
+      fn, H, s.hc * s.hidden, s.hc, dots);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>((s.hidden + 255) / 256));
+  HcHeadKernel<<<grid, 256, 0, stream>>>(s, base, scale, H, dots, y, round_bf16);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t stream) {
   ReadProbeKernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const float4*>(x), n / 4, out);
   return cudaGetLastError();
@@ -723,20 +875,18 @@ cudaError_t LaunchGroupedMatMul(DeviceWeightView::Format format, const DeviceWei
   dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((rows + 7) / 8));
   switch (format) {
     case Format::kF32:
-      GroupedMatMulKernel<Format::kF32>
-          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      LaunchGroupedFor<Format::kF32>(grid, experts, tiles, row_token, x, rows, cols, y, stream);
       break;
     case Format::kBF16:
-      GroupedMatMulKernel<Format::kBF16>
-          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      LaunchGroupedFor<Format::kBF16>(grid, experts, tiles, row_token, x, rows, cols, y, stream);
       break;
     case Format::kFp8Block:
-      GroupedMatMulKernel<Format::kFp8Block>
-          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      LaunchGroupedFor<Format::kFp8Block>(grid, experts, tiles, row_token, x, rows, cols, y,
+                                          stream);
       break;
     case Format::kFp4Packed:
-      GroupedMatMulKernel<Format::kFp4Packed>
-          <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+      LaunchGroupedFor<Format::kFp4Packed>(grid, experts, tiles, row_token, x, rows, cols, y,
+                                           stream);
       break;
   }
   return cudaGetLastError();

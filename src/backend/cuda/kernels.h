@@ -55,6 +55,13 @@ cudaError_t LaunchHcPre(const HcShape& s, const float* fn, const float* base, co
 cudaError_t LaunchHcPost(const HcShape& s, const float* mix, const float* a, float* H,
                          int64_t tokens, bool round_bf16, cudaStream_t stream);
 
+// The head's mHC reduction (ops.cc HcHead): y [tokens, hidden] = sum_j (sigmoid(m_j * scale[0]
+// + base_j) + hc_eps) * H[t, j] with m the hc mixes of fn [hc, hc*hidden]; base [hc], scale [1].
+// dots: scratch [tokens, hc + 1] f32.
+cudaError_t LaunchHcHead(const HcShape& s, const float* fn, const float* base, const float* scale,
+                         const float* H, int64_t tokens, float* dots, float* y, bool round_bf16,
+                         cudaStream_t stream);
+
 // Performance probes: sum of n floats (reads n*4 bytes; out: [1] f32, accumulated).
 cudaError_t LaunchReadProbe(const float* x, int64_t n, float* out, cudaStream_t stream);
 

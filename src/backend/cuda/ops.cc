@@ -152,7 +152,7 @@ Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const Rout
                           dtiles.as<const int32_t>(), static_cast<int64_t>(tiles.size()),
                           dtok.as<const int32_t>(), x, experts.rows, experts.cols, y, dev.stream()),
       "GroupedMatMul"));
-  return dev.Synchronize();
+  return Status::Ok();  // the index buffers are freed in stream order
 }
 
 Status IndexerScores(CudaDevice& dev, const float* q, const float* w, const float* keys,
@@ -171,7 +171,7 @@ Status IndexerScores(CudaDevice& dev, const float* q, const float* w, const floa
       LaunchIndexerScores(q, w, keys, dn.as<const int32_t>(), static_cast<int64_t>(n_vis.size()),
                           heads, head_dim, max_keys, round_bf16, scores, dev.stream()),
       "IndexerScores"));
-  return dev.Synchronize();
+  return Status::Ok();  // the index buffers are freed in stream order
 }
 
 Status TopK(CudaDevice& dev, const float* scores, int64_t stride, std::span<const int32_t> n, int k,
@@ -187,7 +187,7 @@ Status TopK(CudaDevice& dev, const float* scores, int64_t stride, std::span<cons
   DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchTopK(scores, static_cast<int64_t>(n.size()), stride,
                                                 dn.as<const int32_t>(), k, idx, dev.stream()),
                                      "TopK"));
-  return dev.Synchronize();
+  return Status::Ok();  // the index buffers are freed in stream order
 }
 
 Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim, const float* kv,
@@ -224,7 +224,7 @@ Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim,
                                        drows.as<const int32_t>(), total, sink, scale, round_bf16,
                                        probs.as<float>(), out, dev.stream()),
                  "SparseAttention"));
-  return dev.Synchronize();
+  return Status::Ok();  // the index buffers are freed in stream order
 }
 
 Status CompressorPool(CudaDevice& dev, const float* a, const float* g, const float* ape,

@@ -66,23 +66,24 @@ Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
 
 // y [groups.slots.size(), experts.rows] (device f32): grouped row j = x[groups.tokens[j]] *
 // W_e^T for the expert e whose range holds j (groups from GroupRoutedTokens on the host).
-// x: device [x_rows, experts.cols]. Synchronizes (its index buffers live until the kernel ends).
+// x: device [x_rows, experts.cols]. Its index buffers are uploaded (a synchronising copy of host
+// memory) and freed in stream order.
 Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
                      const float* x, int64_t x_rows, float* y);
 
 // ---- indexer and sparse attention
 // ---------------------------------------------------------------- scores [tokens, max_keys]
 // (device): scores[t, j] for j < n_vis[t] (host list, each <= max_keys and <= n_keys). q [tokens,
-// heads, head_dim], w [tokens, heads], keys [n_keys, head_dim]. Synchronizes.
+// heads, head_dim], w [tokens, heads], keys [n_keys, head_dim].
 Status IndexerScores(CudaDevice& dev, const float* q, const float* w, const float* keys,
                      int64_t n_keys, std::span<const int32_t> n_vis, int heads, int head_dim,
                      int64_t max_keys, bool round_bf16, float* scores);
 // idx [tokens, k] (device int32): top-k of each token's first n[t] scores (host list, each
-// <= stride), ties -> lower index, ascending, -1 padded. Synchronizes.
+// <= stride), ties -> lower index, ascending, -1 padded.
 Status TopK(CudaDevice& dev, const float* scores, int64_t stride, std::span<const int32_t> n, int k,
             int32_t* idx);
 // out [tokens, heads, head_dim] (device): sparse attention with sink over the row lists (host,
-// every row < pool_rows) of the pool kv [pool_rows, head_dim]. Synchronizes.
+// every row < pool_rows) of the pool kv [pool_rows, head_dim].
 Status SparseAttention(CudaDevice& dev, const float* q, int heads, int head_dim, const float* kv,
                        int64_t pool_rows, const SparseRowLists& lists, const float* sink,
                        float scale, bool round_bf16, float* out);

@@ -1,0 +1,160 @@
+// The GPU forward (backend/cuda CudaModel) on a checkpoint: weight upload, prefill and batch-1
+// decode throughput at each context, beside the bandwidth roofline of the same device measured
+// in the same run (the distinct bytes a decode step must read: dense weights once, each routed
+// expert that got a token once, the KV rows attention reads; divided by the read probe's GB/s).
+//
+// Usage: gpu_model_bench --model DIR [--context 128,1024] [--decode 16] [--repeats 3]
+//                        [--numerics official|fp32-reference]
+// Prints one line per (context, repeat) and a median line per context. Exits 0 without a GPU
+// (with the reason), 1 on a failure.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/probe.h"
+#include "model/weights.h"
+
+namespace {
+
+using namespace dsinfer;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<int64_t> ParseList(const char* s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir, numerics_name = "official";
+  std::vector<int64_t> contexts = {128, 1024};
+  int decode = 16, repeats = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--model"))
+      dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--context"))
+      contexts = ParseList(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--decode"))
+      decode = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--repeats"))
+      repeats = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--numerics"))
+      numerics_name = argv[i + 1];
+    else {
+      std::fprintf(stderr, "gpu_model_bench: unknown flag %s\n", argv[i]);
+      return 1;
+    }
+  }
+  if (dir.empty() || contexts.empty() ||
+      (numerics_name != "official" && numerics_name != "fp32-reference")) {
+    std::fprintf(stderr,
+                 "usage: gpu_model_bench --model DIR [--context 128,1024] [--decode 16] "
+                 "[--repeats 3] [--numerics official|fp32-reference]\n");
+    return 1;
+  }
+  const backend::Numerics numerics = numerics_name == "official"
+                                         ? backend::Numerics::Official()
+                                         : backend::Numerics::Fp32Reference();
+  auto dev = backend::cuda::CudaDevice::Open(0);
+  if (!dev.ok()) {
+    std::printf("gpu_model_bench: no CUDA device: %s\n", dev.status().message().c_str());
+    return 0;
+  }
+  auto weights = model::ModelWeights::Load(dir);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "gpu_model_bench: %s\n", weights.status().ToString().c_str());
+    return 1;
+  }
+  const auto& c = (*weights)->config();
+  auto probe = backend::cuda::RunProbes(**dev);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "gpu_model_bench: probe: %s\n", probe.status().ToString().c_str());
+    return 1;
+  }
+  const auto t_up = Clock::now();
+  auto m = backend::cuda::CudaModel::Create(**dev, **weights, numerics);
+  if (!m.ok()) {
+    std::fprintf(stderr, "gpu_model_bench: %s\n", m.status().ToString().c_str());
+    return 1;
+  }
+  const double upload_s = Seconds(t_up, Clock::now());
+  const int64_t dense = model::DenseDecodeBytes(**weights);
+  std::printf(
+      "device %s: read probe %.0f GB/s (%.0f%% of the %.0f GB/s peak); model %s, %s "
+      "numerics; %.2f GB on the device, uploaded in %.2f s\n",
+      (*dev)->info().name.c_str(), probe->read_gbps, 100 * probe->read_gbps / probe->peak_gbps,
+      probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), (*m)->weight_bytes() / 1e9, upload_s);
+  std::printf("%8s %6s %12s %12s %10s %12s %10s\n", "context", "rep", "prefill t/s", "decode t/s",
+              "step ms", "roofline ms", "share");
+  uint32_t x = 12345;
+  auto next_id = [&] {
+    x = x * 1664525u + 1013904223u;
+    return static_cast<int32_t>(2 + (x >> 8) % static_cast<uint32_t>(c.vocab_size - 2));
+  };
+  for (int64_t ctx : contexts) {
+    std::vector<double> prefill_tps, decode_tps, step_ms, roof_ms;
+    for (int r = 0; r < repeats; ++r) {
+      auto seq = (*m)->NewSequence();
+      if (!seq.ok()) {
+        std::fprintf(stderr, "gpu_model_bench: %s\n", seq.status().ToString().c_str());
+        return 1;
+      }
+      std::vector<int32_t> prompt(static_cast<size_t>(ctx));
+      for (auto& id : prompt) id = next_id();
+      backend::cpu::ForwardOutput out;
+      const auto t0 = Clock::now();
+      Status st = (*m)->Forward(**seq, prompt, {}, &out);
+      const double prefill_s = Seconds(t0, Clock::now());
+      if (!st.ok()) {
+        std::fprintf(stderr, "gpu_model_bench: prefill: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      std::vector<double> steps, bytes;
+      for (int s = 0; s < decode; ++s) {
+        const int32_t one[1] = {next_id()};
+        const auto t1 = Clock::now();
+        st = (*m)->Forward(**seq, one, {}, &out);
+        steps.push_back(Seconds(t1, Clock::now()));
+        if (!st.ok()) {
+          std::fprintf(stderr, "gpu_model_bench: decode: %s\n", st.ToString().c_str());
+          return 1;
+        }
+        const auto& ss = (*m)->last_step_stats();
+        bytes.push_back(static_cast<double>(dense + ss.routed_expert_bytes + ss.kv_bytes));
+      }
+      const double step = Median(steps);
+      const double roof = Median(bytes) / (probe->read_gbps * 1e9);
+      prefill_tps.push_back(static_cast<double>(ctx) / prefill_s);
+      decode_tps.push_back(1.0 / step);
+      step_ms.push_back(step * 1e3);
+      roof_ms.push_back(roof * 1e3);
+      std::printf("%8lld %6d %12.1f %12.1f %10.3f %12.4f %9.2f%%\n", static_cast<long long>(ctx), r,
+                  prefill_tps.back(), decode_tps.back(), step_ms.back(), roof_ms.back(),
+                  100 * roof / step);
+    }
+    std::printf("%8lld %6s %12.1f %12.1f %10.3f %12.4f %9.2f%%\n", static_cast<long long>(ctx),
+                "median", Median(prefill_tps), Median(decode_tps), Median(step_ms), Median(roof_ms),
+                100 * Median(roof_ms) / Median(step_ms));
+  }
+  return 0;
+}

@@ -1,0 +1,363 @@
+// Attention (window + compressor + indexer + sparse attention with sink) and MoE of one V4
+// layer on the GPU, step for step as backend/cpu/attention.cc and moe.cc.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_model_internal.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/model_kernels.h"
+#include "backend/cuda/routing.h"
+
+namespace dsinfer::backend::cuda {
+
+namespace {
+
+Status CopyD2D(CudaDevice& dev, float* dst, const float* src, int64_t n, const char* what) {
+  if (n <= 0) return Status::Ok();
+  return CudaStatus(
+      cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, dev.stream()),
+      what);
+}
+
+// Columns [col, col + width) of `rows` rows of src (row stride src_stride) into dst (stride
+// dst_stride), all in floats.
+Status Copy2D(CudaDevice& dev, float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+              int64_t width, int64_t rows, const char* what) {
+  if (rows <= 0 || width <= 0) return Status::Ok();
+  return CudaStatus(
+      cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * 4, src,
+                        static_cast<size_t>(src_stride) * 4, static_cast<size_t>(width) * 4,
+                        static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, dev.stream()),
+      what);
+}
+
+// Positions of rows [T * per_token]: position start + t for each of a token's per_token rows.
+std::vector<int64_t> RowPositions(int64_t start, int64_t T, int64_t per_token) {
+  std::vector<int64_t> pos(static_cast<size_t>(T * per_token));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < per_token; ++h) pos[t * per_token + h] = start + t;
+  return pos;
+}
+
+}  // namespace
+
+// Feeds the step's T tokens (positions start_pos..) into one compressor: projections, the
+// pooled rows of every group that completes (written to rows_out [n_groups, d]), their norm,
+// RoPE at the group's first position and the numerics' post-processing (attention.cc
+// CompressorFeed + CompressorPush), and the state's new partial / previous groups.
+Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState& st, int li,
+                                 int64_t start_pos, int64_t T, const float* x, int d,
+                                 float* rows_out, bool index_keys) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const int r = st.ratio, w = st.width;
+  DSINFER_ASSIGN_OR_RETURN(float* a, ws_->Get(dev_, Workspace::kA, T * w));  // [T, w]
+  DSINFER_ASSIGN_OR_RETURN(float* g, ws_->Get(dev_, Workspace::kG, T * w));  // [T, w]
+  DSINFER_RETURN_IF_ERROR(MatMul(dev_, cw.wkv, x, T, a));
+  DSINFER_RETURN_IF_ERROR(MatMul(dev_, cw.wgate, x, T, g));
+  const int64_t p0 = start_pos % r;  // tokens of the open group already in the state
+  const int64_t n_all = p0 + T, n_groups = n_all / r, left = n_all % r;
+  // The open group's rows, then the step's: complete groups start at row 0.
+  DSINFER_ASSIGN_OR_RETURN(float* a_all, ws_->Get(dev_, Workspace::kAall, n_all * w));
+  DSINFER_ASSIGN_OR_RETURN(float* g_all, ws_->Get(dev_, Workspace::kGall, n_all * w));
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all, st.pending_a.as<float>(), p0 * w, "pending a"));
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all, st.pending_g.as<float>(), p0 * w, "pending g"));
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all + p0 * w, a, T * w, "step a"));
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all + p0 * w, g, T * w, "step g"));
+  if (n_groups > 0) {
+    const bool has_prev = st.overlap && start_pos - p0 >= r;
+    DSINFER_RETURN_IF_ERROR(CompressorPool(dev_, a_all, g_all, cw.ape.as<float>(), n_groups, r, w,
+                                           st.overlap, has_prev ? st.prev_a.as<float>() : nullptr,
+                                           has_prev ? st.prev_score.as<float>() : nullptr,
+                                           rows_out));
+    if (st.overlap) {
+      const int64_t last = (n_groups - 1) * r * w;
+      DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.prev_a.as<float>(), a_all + last, r * w, "prev a"));
+      DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchAdd(g_all + last, cw.ape.as<float>(), r * w,
+                                                   st.prev_score.as<float>(), dev_.stream()),
+                                         "prev score"));
+    }
+  }
+  DSINFER_RETURN_IF_ERROR(
+      CopyD2D(dev_, st.pending_a.as<float>(), a_all + n_groups * r * w, left * w, "open a"));
+  DSINFER_RETURN_IF_ERROR(
+      CopyD2D(dev_, st.pending_g.as<float>(), g_all + n_groups * r * w, left * w, "open g"));
+  if (n_groups == 0) return Status::Ok();
+  // Post-processing of the new rows [n_groups, d].
+  const bool rb = nm.round_bf16;
+  if (rb)
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchScaleRound(rows_out, n_groups * d, 1.0f, true, dev_.stream()), "round rows"));
+  DSINFER_RETURN_IF_ERROR(
+      RmsNormRows(dev_, rows_out, n_groups, d, cw.norm.as<float>(), c.norm_eps, rb));
+  std::vector<int64_t> first(static_cast<size_t>(n_groups));  // [n_groups] group start positions
+  for (int64_t j = 0; j < n_groups; ++j) first[j] = start_pos - p0 + j * r;
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dfirst, dev_.Upload(first.data(), first.size() * 8));
+  const DeviceLayer& dl = *layers_[li];
+  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, rows_out, n_groups, d, d - c.rope_dim,
+                                    dfirst.as<const int64_t>(), dl.inv_freq.as<float>(),
+                                    c.rope_dim / 2, false, rb));
+  if (index_keys) {
+    if (nm.indexer_fp4) {
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchHadamard(rows_out, n_groups, d, rb, dev_.stream()), "Hadamard keys"));
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchFp4RoundTrip(rows_out, n_groups, d, d, 32, dev_.stream()), "FP4 keys"));
+    }
+  } else if (nm.kv_fp8_round_trip) {
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchFp8RoundTrip(rows_out, n_groups, c.NopeDim(), d, 64, dev_.stream()), "FP8 rows"));
+  }
+  return Status::Ok();  // buffers freed on return are released in stream order
+}
+
+Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, const float* x,
+                            float* out) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const DeviceLayer& d = *layers_[li];
+  const bool rb = nm.round_bf16;
+  const int H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
+  const int ratio = d.ratio;
+  const int W = c.window;
+  const int64_t window_region = W - 1 + kMaxStepTokens;
+  std::vector<int64_t> pos = RowPositions(P, T, 1);  // [T]
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.Upload(pos.data(), pos.size() * 8));
+  std::vector<int64_t> pos_heads = RowPositions(P, T, H);  // [T * H]
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos_heads,
+                           dev_.Upload(pos_heads.data(), pos_heads.size() * 8));
+  const float* inv_freq = d.inv_freq.as<float>();
+
+  // ---- query path.
+  DSINFER_ASSIGN_OR_RETURN(float* qr, ws_->Get(dev_, Workspace::kQr, T * c.q_lora_rank));
+  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wq_a, x, T, qr));
+  DSINFER_RETURN_IF_ERROR(
+      RmsNormRows(dev_, qr, T, c.q_lora_rank, d.q_norm.as<float>(), c.norm_eps, rb));
+  DSINFER_ASSIGN_OR_RETURN(float* q, ws_->Get(dev_, Workspace::kQ, T * H * hd));  // [T, H, hd]
+  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wq_b, qr, T, q));
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchHeadRmsNorm(q, T * H, hd, static_cast<float>(c.norm_eps), rb, dev_.stream()),
+                 "head norm"));
+  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, q, T * H, hd, nope, dpos_heads.as<const int64_t>(),
+                                    inv_freq, rd / 2, false, rb));
+
+  // ---- window KV.
+  DSINFER_ASSIGN_OR_RETURN(float* kv, ws_->Get(dev_, Workspace::kKv, T * hd));  // [T, hd]
+  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wkv, x, T, kv));
+  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, kv, T, hd, d.kv_norm.as<float>(), c.norm_eps, rb));
+  DSINFER_RETURN_IF_ERROR(
+      ApplyRope(dev_, kv, T, hd, nope, dpos.as<const int64_t>(), inv_freq, rd / 2, false, rb));
+  if (nm.kv_fp8_round_trip)
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchFp8RoundTrip(kv, T, nope, hd, 64, dev_.stream()), "FP8 KV"));
+  // The pool's window region: positions base .. P + T - 1 in order (the ring's, then the step's).
+  const int64_t base = std::max<int64_t>(0, P - (W - 1));
+  float* pool = ls.pool.as<float>();
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchRingGather(ls.ring.as<float>(), W, hd, base, P - base, pool, dev_.stream()),
+                 "ring gather"));
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, pool + (P - base) * hd, kv, T * hd, "window rows"));
+
+  // ---- compressor: rows of groups completed in this step join the pool.
+  const int64_t n_comp = ratio > 0 ? (P + T) / ratio : 0;
+  if (ratio > 0) {
+    float* rows_out = pool + (window_region + P / ratio) * hd;
+    DSINFER_RETURN_IF_ERROR(
+        CompressorStep(d.compressor, ls.compressor, li, P, T, x, hd, rows_out, false));
+  }
+
+  // ---- indexer (CSA): per-query top-k of the visible compressed rows.
+  std::vector<std::vector<int32_t>> selected;
+  if (ratio == 4) {
+    const int ih = c.index_n_heads, ihd = c.index_head_dim;
+    DSINFER_ASSIGN_OR_RETURN(float* qi, ws_->Get(dev_, Workspace::kQi, T * ih * ihd));
+    DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_wq_b, qr, T, qi));
+    std::vector<int64_t> pos_ih = RowPositions(P, T, ih);  // [T * ih]
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos_ih, dev_.Upload(pos_ih.data(), pos_ih.size() * 8));
+    DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, qi, T * ih, ihd, ihd - rd, dpos_ih.as<const int64_t>(),
+                                      inv_freq, rd / 2, false, rb));
+    if (nm.indexer_fp4) {
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchHadamard(qi, T * ih, ihd, rb, dev_.stream()), "Hadamard q"));
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchFp4RoundTrip(qi, T * ih, ihd, ihd, 32, dev_.stream()), "FP4 q"));
+    }
+    DSINFER_ASSIGN_OR_RETURN(float* wts, ws_->Get(dev_, Workspace::kWts, T * ih));  // [T, ih]
+    DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_weights_proj, x, T, wts));
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchScaleRound(wts, T * ih, wscale, rb, dev_.stream()), "indexer weights"));
+    float* keys_out = ls.index_keys.as<float>() + (P / 4) * ihd;
+    DSINFER_RETURN_IF_ERROR(
+        CompressorStep(d.index_compressor, ls.index_compressor, li, P, T, x, ihd, keys_out, true));
+    std::vector<int32_t> n_vis(static_cast<size_t>(T));  // [T]
+    int32_t max_vis = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      n_vis[t] = static_cast<int32_t>((P + t + 1) / 4);
+      max_vis = std::max(max_vis, n_vis[t]);
+    }
+    selected.resize(static_cast<size_t>(T));
+    if (max_vis <= c.index_topk) {
+      for (int64_t t = 0; t < T; ++t) {
+        selected[t].resize(n_vis[t]);
+        std::iota(selected[t].begin(), selected[t].end(), 0);
+      }
+    } else {
+      DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, T * max_vis));
+      DSINFER_RETURN_IF_ERROR(IndexerScores(dev_, qi, wts, ls.index_keys.as<float>(), n_comp, n_vis,
+                                            ih, ihd, max_vis, rb, scores));
+      DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
+                               dev_.Alloc(static_cast<size_t>(T * c.index_topk) * 4));
+      DSINFER_RETURN_IF_ERROR(TopK(dev_, scores, max_vis, n_vis, c.index_topk, didx.as<int32_t>()));
+      std::vector<int32_t> idx(static_cast<size_t>(T * c.index_topk));  // [T, topk]
+      DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
+      for (int64_t t = 0; t < T; ++t)
+        for (int k = 0; k < c.index_topk; ++k) {
+          const int32_t j = idx[t * c.index_topk + k];
+          if (j >= 0) selected[t].push_back(j);
+        }
+    }
+  }
+
+  // ---- sparse attention with sink, then de-rotation at the query position.
+  SparseRowSpec spec;
+  spec.window = W;
+  spec.ratio = ratio;
+  spec.window_first_pos = base;
+  spec.window_rows = P - base + T;
+  spec.compressed_base = window_region;
+  spec.compressed_rows = n_comp;
+  DSINFER_ASSIGN_OR_RETURN(SparseRowLists lists,
+                           BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
+  DSINFER_ASSIGN_OR_RETURN(float* o, ws_->Get(dev_, Workspace::kO, T * H * hd));  // [T, H, hd]
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  DSINFER_RETURN_IF_ERROR(SparseAttention(dev_, q, H, hd, pool, window_region + n_comp, lists,
+                                          d.attn_sink.as<float>(), scale, rb, o));
+  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, o, T * H, hd, nope, dpos_heads.as<const int64_t>(),
+                                    inv_freq, rd / 2, true, rb));
+
+  // ---- grouped output projection: wo_a per group (no act quant), then wo_b.
+  const int G = c.o_groups;
+  const int64_t group_in = int64_t{H / G} * hd, L = c.o_lora_rank;
+  DSINFER_ASSIGN_OR_RETURN(float* z, ws_->Get(dev_, Workspace::kZ, T * G * L));       // [T, G*L]
+  DSINFER_ASSIGN_OR_RETURN(float* og, ws_->Get(dev_, Workspace::kOg, T * group_in));  // [T, in]
+  DSINFER_ASSIGN_OR_RETURN(float* zg, ws_->Get(dev_, Workspace::kZg, T * L));         // [T, L]
+  for (int g = 0; g < G; ++g) {
+    DSINFER_RETURN_IF_ERROR(
+        Copy2D(dev_, og, group_in, o + g * group_in, int64_t{H} * hd, group_in, T, "o group"));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.wo_a_groups[g], og, T, zg));
+    DSINFER_RETURN_IF_ERROR(Copy2D(dev_, z + g * L, G * L, zg, L, L, T, "z group"));
+  }
+  if (rb)
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchScaleRound(z, T * G * L, 1.0f, true, dev_.stream()), "round z"));
+  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wo_b, z, T, out));
+
+  step_stats_.kv_bytes += (P - base + T + n_comp) * hd * 4;
+  if (ratio == 4) step_stats_.kv_bytes += n_comp * int64_t{c.index_head_dim} * 4;
+
+  // ---- the last `window` KV rows stay in the ring for the next step.
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchRingScatter(kv, T, P, W, hd, ls.ring.as<float>(), dev_.stream()), "ring scatter"));
+  return Status::Ok();  // buffers freed on return are released in stream order
+}
+
+Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const DeviceLayer& d = *layers_[li];
+  const bool rb = nm.round_bf16;
+  const int64_t D = c.hidden, inter = c.moe_inter;
+  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+
+  // Router on the device; its choices come back to group the tokens per expert.
+  DSINFER_ASSIGN_OR_RETURN(float* logits,
+                           ws_->Get(dev_, Workspace::kRouterLogits, T * E));  // [T, E]
+  DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.gate, x, T, logits));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dchosen, dev_.Alloc(static_cast<size_t>(T * K) * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dweight, dev_.Alloc(static_cast<size_t>(T * K) * 4));
+  const bool hash = d.tid2eid.data() != nullptr;
+  DSINFER_RETURN_IF_ERROR(Route(dev_, logits, T, E, K, hash ? nullptr : d.gate_bias.as<float>(),
+                                hash ? d.tid2eid.as<int32_t>() : nullptr, c.vocab_size, token_ids_,
+                                static_cast<float>(c.route_scale), dchosen.as<int32_t>(),
+                                dweight.as<float>()));
+  std::vector<int32_t> chosen(static_cast<size_t>(T * K));  // [T, K]
+  std::vector<float> weight(static_cast<size_t>(T * K));    // [T, K]
+  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(chosen.data(), dchosen.data(), chosen.size() * 4));
+  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(weight.data(), dweight.data(), weight.size() * 4));
+  for (int32_t e : chosen)
+    if (e < 0 || e >= E) return Internal("MoE router chose expert " + std::to_string(e));
+  DSINFER_ASSIGN_OR_RETURN(RoutedGroups groups, GroupRoutedTokens(chosen, E, K));
+  const model::LayerWeights& lw = weights_.layers[li];
+  for (int e = 0; e < E; ++e)
+    if (groups.offsets[e + 1] > groups.offsets[e]) {
+      step_stats_.routed_expert_bytes +=
+          lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
+      step_stats_.n_routed_experts_used++;
+    }
+  const int64_t TK = T * K;
+  // Per grouped row: its routing weight; per token: its grouped rows in ascending order (the
+  // CPU adds the routed outputs in expert order).
+  std::vector<float> row_weight(static_cast<size_t>(TK));    // [TK]
+  std::vector<int32_t> token_rows(static_cast<size_t>(TK));  // [T, K]
+  std::vector<int32_t> fill(static_cast<size_t>(T), 0);
+  for (int64_t j = 0; j < TK; ++j) {
+    row_weight[j] = weight[groups.slots[j]];
+    const int32_t t = groups.tokens[j];
+    token_rows[t * K + fill[t]++] = static_cast<int32_t>(j);
+  }
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer drow_weight,
+                           dev_.Upload(row_weight.data(), row_weight.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtoken_rows,
+                           dev_.Upload(token_rows.data(), token_rows.size() * 4));
+
+  DSINFER_ASSIGN_OR_RETURN(float* xq, ws_->Get(dev_, Workspace::kXq, T * D));  // [T, D]
+  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, xq, x, T * D, "moe input"));
+  if (nm.quantize_activations)
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchFp8RoundTrip(xq, T, D, D, c.act_block, dev_.stream()), "moe act quant"));
+  DSINFER_ASSIGN_OR_RETURN(float* gate, ws_->Get(dev_, Workspace::kExpertGate, TK * inter));
+  DSINFER_ASSIGN_OR_RETURN(float* up, ws_->Get(dev_, Workspace::kExpertUp, TK * inter));
+  DSINFER_ASSIGN_OR_RETURN(float* down, ws_->Get(dev_, Workspace::kExpertDown, TK * D));  // [TK, D]
+  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w1, groups, xq, T, gate));
+  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w3, groups, xq, T, up));
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchSwiGlu(gate, up, TK, inter, drow_weight.as<float>(), limit, rb, gate, dev_.stream()),
+      "SwiGLU"));
+  if (nm.quantize_activations)
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchFp8RoundTrip(gate, TK, inter, inter, c.act_block, dev_.stream()), "h act quant"));
+  RoutedGroups rows_in_place = groups;  // w2 reads grouped row j itself
+  std::iota(rows_in_place.tokens.begin(), rows_in_place.tokens.end(), 0);
+  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w2, rows_in_place, gate, TK, down));
+  if (rb)
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchScaleRound(down, TK * D, 1.0f, true, dev_.stream()), "round experts"));
+
+  float* shared = nullptr;
+  if (c.n_shared_experts > 0) {
+    DSINFER_ASSIGN_OR_RETURN(float* sg, ws_->Get(dev_, Workspace::kSharedGate, T * inter));
+    DSINFER_ASSIGN_OR_RETURN(float* su, ws_->Get(dev_, Workspace::kSharedUp, T * inter));
+    DSINFER_ASSIGN_OR_RETURN(shared, ws_->Get(dev_, Workspace::kSharedOut, T * D));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w1, xq, T, sg));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w3, xq, T, su));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchSwiGlu(sg, su, T, inter, nullptr, limit, rb, sg, dev_.stream()), "shared SwiGLU"));
+    if (nm.quantize_activations)
+      DSINFER_RETURN_IF_ERROR(CudaStatus(
+          LaunchFp8RoundTrip(sg, T, inter, inter, c.act_block, dev_.stream()), "shared quant"));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w2, sg, T, shared));
+    if (rb)
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchScaleRound(shared, T * D, 1.0f, true, dev_.stream()), "round shared"));
+  }
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchMoeCombine(down, dtoken_rows.as<int32_t>(), K, shared, T, D, rb, out, dev_.stream()),
+      "MoE combine"));
+  return Status::Ok();  // buffers freed on return are released in stream order
+}
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,356 @@
+#include "backend/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_model_internal.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/model_kernels.h"
+#include "backend/cuda/routing.h"
+#include "core/dtype.h"
+
+namespace dsinfer::backend::cuda {
+
+namespace {
+
+// A plain tensor (norm weights, hc params, ape, sinks, biases) as a device f32 array.
+Result<DeviceBuffer> UploadF32(CudaDevice& dev, const model::TensorView& t) {
+  if (!t.valid()) return InvalidArgument("UploadF32: missing tensor " + t.name);
+  const int64_t n = t.NumElements();
+  std::vector<float> v(static_cast<size_t>(n));  // [n] f32
+  for (int64_t i = 0; i < n; ++i) v[i] = t.F32At(i);
+  return dev.Upload(v.data(), v.size() * 4);
+}
+
+Result<DeviceHc> UploadHc(CudaDevice& dev, const model::HcParams& p) {
+  DeviceHc h;
+  DSINFER_ASSIGN_OR_RETURN(h.fn, UploadF32(dev, p.fn));
+  DSINFER_ASSIGN_OR_RETURN(h.base, UploadF32(dev, p.base));
+  DSINFER_ASSIGN_OR_RETURN(h.scale, UploadF32(dev, p.scale));
+  return h;
+}
+
+Result<DeviceCompressor> UploadCompressor(CudaDevice& dev, const model::CompressorWeights& cw) {
+  DeviceCompressor d;
+  DSINFER_ASSIGN_OR_RETURN(d.wkv, UploadWeight(dev, cw.wkv));
+  DSINFER_ASSIGN_OR_RETURN(d.wgate, UploadWeight(dev, cw.wgate));
+  DSINFER_ASSIGN_OR_RETURN(d.ape, UploadF32(dev, cw.ape));
+  DSINFER_ASSIGN_OR_RETURN(d.norm, UploadF32(dev, cw.norm));
+  return d;
+}
+
+// Rows [r0, r0 + n) of w as their own matrix. FP8 rows that start on a scale block (r0 % 128
+// == 0) are a view into the uploaded matrix; otherwise they are decoded on the host into an
+// exact f32 copy (e4m3 times a power of two is exact in fp32).
+Result<DeviceWeight> RowSlice(CudaDevice& dev, const model::WeightMatrix& w, const DeviceWeight& dw,
+                              int64_t r0, int64_t n, DeviceBuffer* keep) {
+  DeviceWeight s;
+  s.name = w.name + "[" + std::to_string(r0) + ":" + std::to_string(r0 + n) + "]";
+  s.view = dw.view;
+  s.view.rows = n;
+  if (w.format == model::WeightFormat::kFp8Block && r0 % 128 == 0) {
+    s.view.data = dw.view.data + r0 * w.cols;
+    s.view.scales = dw.view.scales + (r0 / 128) * w.scale_cols * (dw.view.scales_f32 ? 4 : 1);
+    return s;
+  }
+  if (w.format != model::WeightFormat::kFp8Block)
+    return InvalidArgument(w.name + ": row slices need an FP8 block-scaled matrix");
+  std::vector<float> f(static_cast<size_t>(n * w.cols));  // [n, cols] f32
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < w.cols; ++c)
+      f[r * w.cols + c] = E4M3ToF32(w.data[(r0 + r) * w.cols + c]) * w.Scale(r0 + r, c);
+  DSINFER_ASSIGN_OR_RETURN(*keep, dev.Upload(f.data(), f.size() * 4));
+  s.view.format = DeviceWeightView::Format::kF32;
+  s.view.data = keep->as<const uint8_t>();
+  s.view.scales = nullptr;
+  s.view.scales_f32 = false;
+  s.view.scale_cols = 0;
+  return s;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numerics numerics)
+    : dev_(dev), weights_(weights), numerics_(numerics), ws_(std::make_unique<Workspace>()) {}
+
+CudaModel::~CudaModel() = default;
+
+Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
+                                                     const model::ModelWeights& weights,
+                                                     Numerics numerics) {
+  const model::ModelConfig& c = weights.config();
+  if (c.hc_mult < 1 || c.hc_mult > 8) return InvalidArgument("CudaModel: hc_mult must be 1..8");
+  if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
+    return InvalidArgument("CudaModel: index_head_dim must be a power of two <= 4096");
+  auto m = std::unique_ptr<CudaModel>(new CudaModel(dev, weights, numerics));
+  int64_t free_before = 0, total = 0;
+  {
+    size_t f = 0, t = 0;
+    if (dev.Activate().ok() && cudaMemGetInfo(&f, &t) == cudaSuccess)
+      free_before = static_cast<int64_t>(f), total = static_cast<int64_t>(t);
+  }
+  DSINFER_ASSIGN_OR_RETURN(
+      m->embed_, dev.Upload(weights.embed.data, static_cast<size_t>(c.vocab_size) * c.hidden * 2));
+  DSINFER_ASSIGN_OR_RETURN(m->head_, UploadWeight(dev, weights.head));
+  DSINFER_ASSIGN_OR_RETURN(m->norm_, UploadF32(dev, weights.norm));
+  DSINFER_ASSIGN_OR_RETURN(m->hc_head_fn_, UploadF32(dev, weights.hc_head.fn));
+  DSINFER_ASSIGN_OR_RETURN(m->hc_head_base_, UploadF32(dev, weights.hc_head.base));
+  DSINFER_ASSIGN_OR_RETURN(m->hc_head_scale_, UploadF32(dev, weights.hc_head.scale));
+  for (int li = 0; li < c.n_layers; ++li) {
+    const model::LayerWeights& lw = weights.layers[li];
+    auto d = std::make_unique<DeviceLayer>();
+    d->ratio = lw.compress_ratio;
+    DSINFER_ASSIGN_OR_RETURN(d->hc_attn, UploadHc(dev, lw.hc_attn));
+    DSINFER_ASSIGN_OR_RETURN(d->hc_ffn, UploadHc(dev, lw.hc_ffn));
+    DSINFER_ASSIGN_OR_RETURN(d->attn_norm, UploadF32(dev, lw.attn_norm));
+    DSINFER_ASSIGN_OR_RETURN(d->ffn_norm, UploadF32(dev, lw.ffn_norm));
+    DSINFER_ASSIGN_OR_RETURN(d->q_norm, UploadF32(dev, lw.q_norm));
+    DSINFER_ASSIGN_OR_RETURN(d->kv_norm, UploadF32(dev, lw.kv_norm));
+    DSINFER_ASSIGN_OR_RETURN(d->attn_sink, UploadF32(dev, lw.attn_sink));
+    DSINFER_ASSIGN_OR_RETURN(d->wq_a, UploadWeight(dev, lw.wq_a));
+    DSINFER_ASSIGN_OR_RETURN(d->wq_b, UploadWeight(dev, lw.wq_b));
+    DSINFER_ASSIGN_OR_RETURN(d->wkv, UploadWeight(dev, lw.wkv));
+    DSINFER_ASSIGN_OR_RETURN(d->wo_a, UploadWeight(dev, lw.wo_a));
+    DSINFER_ASSIGN_OR_RETURN(d->wo_b, UploadWeight(dev, lw.wo_b));
+    d->wo_a_copies.resize(c.o_groups);
+    for (int g = 0; g < c.o_groups; ++g) {
+      DSINFER_ASSIGN_OR_RETURN(
+          DeviceWeight s, RowSlice(dev, lw.wo_a, d->wo_a, int64_t{g} * c.o_lora_rank, c.o_lora_rank,
+                                   &d->wo_a_copies[g]));
+      d->wo_a_groups.push_back(std::move(s));
+    }
+    if (lw.compress_ratio > 0) {
+      DSINFER_ASSIGN_OR_RETURN(d->compressor, UploadCompressor(dev, lw.compressor));
+    }
+    if (lw.compress_ratio == 4) {
+      DSINFER_ASSIGN_OR_RETURN(d->index_wq_b, UploadWeight(dev, lw.indexer.wq_b));
+      DSINFER_ASSIGN_OR_RETURN(d->index_weights_proj, UploadWeight(dev, lw.indexer.weights_proj));
+      DSINFER_ASSIGN_OR_RETURN(d->index_compressor, UploadCompressor(dev, lw.indexer.compressor));
+    }
+    cpu::RopeTable rope = cpu::RopeTable::ForLayer(c, li);
+    DSINFER_ASSIGN_OR_RETURN(d->inv_freq,
+                             dev.Upload(rope.inv_freq.data(), rope.inv_freq.size() * 4));
+    DSINFER_ASSIGN_OR_RETURN(d->gate, UploadWeight(dev, lw.gate));
+    if (lw.tid2eid.valid()) {
+      const int64_t n = lw.tid2eid.NumElements();
+      std::vector<int32_t> ids(static_cast<size_t>(n));  // [vocab, K] int32
+      for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(lw.tid2eid.IntAt(i));
+      DSINFER_ASSIGN_OR_RETURN(d->tid2eid, dev.Upload(ids.data(), ids.size() * 4));
+    } else {
+      DSINFER_ASSIGN_OR_RETURN(d->gate_bias, UploadF32(dev, lw.gate_bias));
+    }
+    if (c.n_shared_experts > 0) {
+      DSINFER_ASSIGN_OR_RETURN(d->shared_w1, UploadWeight(dev, lw.shared.w1));
+      DSINFER_ASSIGN_OR_RETURN(d->shared_w3, UploadWeight(dev, lw.shared.w3));
+      DSINFER_ASSIGN_OR_RETURN(d->shared_w2, UploadWeight(dev, lw.shared.w2));
+    }
+    std::vector<const model::WeightMatrix*> w1, w3, w2;
+    for (const auto& e : lw.experts) w1.push_back(&e.w1), w3.push_back(&e.w3), w2.push_back(&e.w2);
+    DSINFER_ASSIGN_OR_RETURN(d->w1, UploadExperts(dev, w1));
+    DSINFER_ASSIGN_OR_RETURN(d->w3, UploadExperts(dev, w3));
+    DSINFER_ASSIGN_OR_RETURN(d->w2, UploadExperts(dev, w2));
+    m->layers_.push_back(std::move(d));
+  }
+  DSINFER_RETURN_IF_ERROR(dev.Synchronize());
+  size_t f = 0, t = 0;
+  if (free_before > 0 && cudaMemGetInfo(&f, &t) == cudaSuccess)
+    m->weight_bytes_ = free_before - static_cast<int64_t>(f);
+  (void)total;
+  return m;
+}
+
+Result<std::unique_ptr<CudaSequence>> CudaModel::NewSequence() {
+  const model::ModelConfig& c = config();
+  auto s = std::make_unique<CudaSequence>();
+  s->owner = this;
+  s->layers.resize(c.n_layers);
+  for (int li = 0; li < c.n_layers; ++li) {
+    CudaLayerState& ls = s->layers[li];
+    const int64_t ring_n = int64_t{c.window} * c.head_dim;
+    DSINFER_ASSIGN_OR_RETURN(ls.ring, dev_.Alloc(static_cast<size_t>(ring_n) * 4));
+    DSINFER_RETURN_IF_ERROR(dev_.Memset(ls.ring.data(), 0, ls.ring.bytes()));
+    DSINFER_RETURN_IF_ERROR(EnsureCapacity(li, ls, 0));
+    const int r = c.CompressRatio(li);
+    auto init = [&](CudaCompressorState& st, int ratio, int width, bool overlap) -> Status {
+      st.ratio = ratio, st.width = width, st.overlap = overlap;
+      const size_t bytes = static_cast<size_t>(ratio) * width * 4;
+      DSINFER_ASSIGN_OR_RETURN(st.pending_a, dev_.Alloc(bytes));
+      DSINFER_ASSIGN_OR_RETURN(st.pending_g, dev_.Alloc(bytes));
+      if (overlap) {
+        DSINFER_ASSIGN_OR_RETURN(st.prev_a, dev_.Alloc(bytes));
+        DSINFER_ASSIGN_OR_RETURN(st.prev_score, dev_.Alloc(bytes));
+      }
+      return Status::Ok();
+    };
+    if (r > 0)
+      DSINFER_RETURN_IF_ERROR(init(ls.compressor, r, (r == 4 ? 2 : 1) * c.head_dim, r == 4));
+    if (r == 4) DSINFER_RETURN_IF_ERROR(init(ls.index_compressor, 4, 2 * c.index_head_dim, true));
+  }
+  return s;
+}
+
+// The pool holds the window region (window - 1 + kMaxStepTokens rows) and the compressed rows
+// of n_tokens_after positions; index keys likewise. Growth doubles and keeps the rows.
+Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after) {
+  const model::ModelConfig& c = config();
+  const int r = c.CompressRatio(li);
+  const int64_t hd = c.head_dim;
+  const int64_t window_region = c.window - 1 + kMaxStepTokens;
+  const int64_t need = r > 0 ? n_tokens_after / r : 0;
+  if (!ls.pool.data() || need > ls.compressed_capacity) {
+    const int64_t cap = std::max<int64_t>({need, 2 * ls.compressed_capacity, r > 0 ? 16 : 0});
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer pool,
+                             dev_.Alloc(static_cast<size_t>((window_region + cap) * hd) * 4));
+    if (ls.pool.data() && ls.compressed_capacity > 0)
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(pool.as<float>() + window_region * hd,
+                                     ls.pool.as<float>() + window_region * hd,
+                                     static_cast<size_t>(ls.compressed_capacity * hd) * 4,
+                                     cudaMemcpyDeviceToDevice, dev_.stream()),
+                     "pool growth"));
+    DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
+    ls.pool = std::move(pool);
+    ls.compressed_capacity = cap;
+  }
+  if (r == 4 && need > ls.index_capacity) {
+    const int64_t ihd = c.index_head_dim;
+    const int64_t cap = std::max<int64_t>({need, 2 * ls.index_capacity, 16});
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer keys, dev_.Alloc(static_cast<size_t>(cap * ihd) * 4));
+    if (ls.index_capacity > 0)
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(keys.data(), ls.index_keys.data(),
+                                     static_cast<size_t>(ls.index_capacity * ihd) * 4,
+                                     cudaMemcpyDeviceToDevice, dev_.stream()),
+                     "index key growth"));
+    DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
+    ls.index_keys = std::move(keys);
+    ls.index_capacity = cap;
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::QuantLinear(const DeviceWeight& w, const float* x, int64_t m, float* y) {
+  const Numerics& nm = numerics_;
+  const bool quantized = w.view.format == DeviceWeightView::Format::kFp8Block ||
+                         w.view.format == DeviceWeightView::Format::kFp4Packed;
+  if (quantized && nm.quantize_activations) {
+    DSINFER_ASSIGN_OR_RETURN(float* xq, ws_->Get(dev_, Workspace::kQuant, m * w.view.cols));
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(xq, x, static_cast<size_t>(m * w.view.cols) * 4,
+                                   cudaMemcpyDeviceToDevice, dev_.stream()),
+                   "QuantLinear copy"));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchFp8RoundTrip(xq, m, w.view.cols, w.view.cols, config().act_block, dev_.stream()),
+        "act quant"));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, w, xq, m, y));
+  } else {
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, w, x, m, y));
+  }
+  if (nm.round_bf16)
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchScaleRound(y, m * w.view.rows, 1.0f, true, dev_.stream()), "round"));
+  return Status::Ok();
+}
+
+Status CudaModel::Forward(CudaSequence& seq, std::span<const int32_t> tokens,
+                          const cpu::ForwardOptions& options, cpu::ForwardOutput* out) {
+  const model::ModelConfig& c = config();
+  if (out == nullptr) return InvalidArgument("Forward: no output");
+  if (seq.owner != this) return InvalidArgument("Forward: the sequence belongs to another model");
+  if (tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+  if (options.want_hidden)
+    return Unimplemented("Forward: the GPU forward does not return hidden states (no MTP yet)");
+  for (int32_t tok : tokens)
+    if (tok < 0 || tok >= c.vocab_size)
+      return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+  out->logits.clear();
+  out->hidden.clear();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t b = 0; b < n; b += kMaxStepTokens) {
+    const int64_t len = std::min(kMaxStepTokens, n - b);
+    const bool last = b + len == n;
+    std::vector<float> logits;
+    DSINFER_RETURN_IF_ERROR(Step(seq, tokens.subspan(b, len), options.all_logits,
+                                 options.want_logits && (last || options.all_logits), &logits));
+    out->logits.insert(out->logits.end(), logits.begin(), logits.end());
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::Step(CudaSequence& seq, std::span<const int32_t> tokens, bool all_logits,
+                       bool want_logits, std::vector<float>* logits) {
+  const model::ModelConfig& c = config();
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
+  step_stats_ = {};
+  for (int li = 0; li < c.n_layers; ++li)
+    DSINFER_RETURN_IF_ERROR(EnsureCapacity(li, seq.layers[li], seq.n_tokens + T));
+  // H [T, hc, D]: the residual streams.
+  DSINFER_ASSIGN_OR_RETURN(float* H, ws_->Get(dev_, Workspace::kH, T * HD));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok, dev_.Upload(tokens.data(), tokens.size() * 4));
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), dtok.as<const int32_t>(), T, c.hc_mult, D,
+                             H, dev_.stream()),
+                 "Embed"));
+  token_ids_ = dtok.as<const int32_t>();
+  for (int li = 0; li < c.n_layers; ++li) DSINFER_RETURN_IF_ERROR(Block(li, seq, T, H));
+  seq.n_tokens += T;
+  logits->clear();
+  if (!want_logits) return dev_.Synchronize();
+  const int64_t first = all_logits ? 0 : T - 1;
+  const int64_t n_out = T - first;
+  const float* Hsel = H + first * HD;
+  DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kHead, n_out * D));
+  DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, n_out * (c.hc_mult + 1)));
+  HcShape hs;
+  hs.hc = c.hc_mult;
+  hs.hidden = D;
+  hs.sinkhorn_iters = c.hc_sinkhorn_iters;
+  hs.norm_eps = static_cast<float>(c.norm_eps);
+  hs.hc_eps = static_cast<float>(c.hc_eps);
+  const bool rb = numerics_.round_bf16;
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchHcHead(hs, hc_head_fn_.as<float>(), hc_head_base_.as<float>(),
+                              hc_head_scale_.as<float>(), Hsel, n_out, dots, y, rb, dev_.stream()),
+                 "HcHead"));
+  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, y, n_out, D, norm_.as<float>(), c.norm_eps, rb));
+  DSINFER_ASSIGN_OR_RETURN(float* dl, ws_->Get(dev_, Workspace::kLogits, n_out * c.vocab_size));
+  DSINFER_RETURN_IF_ERROR(MatMul(dev_, head_, y, n_out, dl));
+  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
+  return dev_.CopyToHost(logits->data(), dl, logits->size() * 4);
+}
+
+Status CudaModel::Block(int li, CudaSequence& seq, int64_t T, float* H) {
+  const model::ModelConfig& c = config();
+  const DeviceLayer& d = *layers_[li];
+  const int64_t D = c.hidden;
+  const bool rb = numerics_.round_bf16;
+  HcShape hs;
+  hs.hc = c.hc_mult;
+  hs.hidden = D;
+  hs.sinkhorn_iters = c.hc_sinkhorn_iters;
+  hs.norm_eps = static_cast<float>(c.norm_eps);
+  hs.hc_eps = static_cast<float>(c.hc_eps);
+  DSINFER_ASSIGN_OR_RETURN(float* x, ws_->Get(dev_, Workspace::kX, T * D));  // [T, D]
+  DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kY, T * D));  // [T, D]
+  const int mix_n = 2 * c.hc_mult + c.hc_mult * c.hc_mult;
+  DSINFER_ASSIGN_OR_RETURN(float* mix, ws_->Get(dev_, Workspace::kMix, T * mix_n));
+  DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, T * (c.HcRows() + 1)));
+  // Attention sub-layer.
+  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_attn.fn.as<float>(), d.hc_attn.base.as<float>(),
+                                d.hc_attn.scale.as<float>(), H, T, dots, x, mix, rb));
+  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.attn_norm.as<float>(), c.norm_eps, rb));
+  DSINFER_RETURN_IF_ERROR(Attention(li, seq.layers[li], seq.n_tokens, T, x, y));
+  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hs, mix, y, H, T, rb));
+  // MoE sub-layer.
+  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_ffn.fn.as<float>(), d.hc_ffn.base.as<float>(),
+                                d.hc_ffn.scale.as<float>(), H, T, dots, x, mix, rb));
+  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.ffn_norm.as<float>(), c.norm_eps, rb));
+  DSINFER_RETURN_IF_ERROR(Moe(li, T, x, y));
+  return HcPost(dev_, hs, mix, y, H, T, rb);
+}
+
+}  // namespace dsinfer::backend::cuda

@@ -1,0 +1,120 @@
+// The DeepSeek-V4 forward pass on one GPU (spec §3-§9), chaining the CUDA backend's ops
+// (ops.h, model_kernels.h) in the order of the CPU backend's CpuModel, which is its oracle.
+// Weights are uploaded once from the mapped checkpoint in their stored formats (FP8 / FP4 /
+// bf16, decoded in the kernels); every sequence's decode state (window ring, compressed rows,
+// indexer keys, compressor partial groups) lives in device memory owned by a CudaSequence.
+// Both numerics modes run: fp32-reference (transformers' fp32 forward) and official (bf16
+// rounding points, FP8 activation and KV round trips, Hadamard + FP4 indexer).
+//
+// What the host still does per layer and step (correctness first; docs/SUPPORT.md): the
+// routed-token grouping, the sparse-attention row lists and the indexer's top-k selection are
+// copied back and rebuilt on the host, and small index buffers are uploaded from pageable
+// memory, so a step synchronises several times per layer.
+//
+// Thread-compatible: one owner thread (the engine's), like CpuModel.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/cpu_model.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/ops.h"
+#include "backend/numerics.h"
+#include "core/status.h"
+#include "model/weights.h"
+
+namespace dsinfer::backend::cuda {
+
+// Partial groups of one compressor, on the device (the CPU's CompressorState, split so the
+// pooling kernel reads them in place). pending_*: the raw projections a and gate logits g of the
+// current incomplete group (n_tokens % ratio rows); prev_*: the last complete group's a and
+// g + ape (overlap compressors only; valid once n_tokens >= ratio).
+struct CudaCompressorState {
+  int ratio = 0;
+  int width = 0;  // projection width (coff * d)
+  bool overlap = false;
+  DeviceBuffer pending_a, pending_g;  // [ratio, width] f32
+  DeviceBuffer prev_a, prev_score;    // [ratio, width] f32 (overlap)
+};
+
+struct CudaLayerState {
+  DeviceBuffer ring;  // [window, head_dim] f32: slot p % window holds position p's KV row
+  // The attention pool: [window_region rows (the step's window, contiguous) | compressed rows
+  // (capacity compressed_capacity)] x head_dim f32. Sparse attention reads one pool.
+  DeviceBuffer pool;
+  int64_t compressed_capacity = 0;
+  DeviceBuffer index_keys;  // [index_capacity, index_head_dim] f32 (CSA layers)
+  int64_t index_capacity = 0;
+  CudaCompressorState compressor, index_compressor;
+};
+
+// One sequence's device state; created by CudaModel::NewSequence.
+struct CudaSequence {
+  int64_t n_tokens = 0;
+  std::vector<CudaLayerState> layers;  // backbone layers
+  const void* owner = nullptr;         // the CudaModel that made it
+};
+
+class CudaModel {
+ public:
+  // Uploads every backbone weight to `dev` (which must outlive the model). MTP layers are not
+  // uploaded: the GPU forward has no MTP step yet.
+  static Result<std::unique_ptr<CudaModel>> Create(CudaDevice& dev,
+                                                   const model::ModelWeights& weights,
+                                                   Numerics numerics);
+  ~CudaModel();
+
+  const model::ModelConfig& config() const { return weights_.config(); }
+  const Numerics& numerics() const { return numerics_; }
+  // Device bytes of the uploaded weights.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  // What the last step read (routed experts that received a token, KV rows), for benchmarks.
+  const cpu::StepStats& last_step_stats() const { return step_stats_; }
+
+  Result<std::unique_ptr<CudaSequence>> NewSequence();
+
+  // Runs tokens at positions [seq.n_tokens, seq.n_tokens + tokens.size()) and advances the
+  // sequence, as CpuModel::Forward (options.want_hidden is not supported on the GPU yet). Long
+  // inputs run in steps of at most kMaxStepTokens tokens; any chunking gives the same results.
+  // A bad argument fails before any state changes.
+  Status Forward(CudaSequence& seq, std::span<const int32_t> tokens,
+                 const cpu::ForwardOptions& options, cpu::ForwardOutput* out);
+
+  static constexpr int64_t kMaxStepTokens = 256;
+
+ private:
+  struct DeviceLayer;
+  struct Workspace;
+  CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numerics numerics);
+
+  Status Step(CudaSequence& seq, std::span<const int32_t> tokens, bool all_logits, bool want_logits,
+              std::vector<float>* logits);
+  Status Block(int li, CudaSequence& seq, int64_t T, float* H);
+  Status Attention(int li, CudaLayerState& ls, int64_t start_pos, int64_t T, const float* x,
+                   float* out);
+  Status Moe(int li, int64_t T, const float* x, float* out);
+  // y [m, w.rows] = w x with the reference's numerics (QuantLinear in attention.cc).
+  Status QuantLinear(const DeviceWeight& w, const float* x, int64_t m, float* y);
+  Status CompressorStep(const struct DeviceCompressor& cw, CudaCompressorState& st, int li,
+                        int64_t start_pos, int64_t T, const float* x, int d, float* rows_out,
+                        bool index_keys);
+  Status EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after);
+
+  CudaDevice& dev_;
+  const model::ModelWeights& weights_;
+  Numerics numerics_;
+  std::vector<std::unique_ptr<DeviceLayer>> layers_;
+  DeviceBuffer embed_;                                      // [vocab, hidden] bf16
+  DeviceWeight head_;                                       // [vocab, hidden] bf16
+  DeviceBuffer norm_;                                       // [hidden] f32
+  DeviceBuffer hc_head_fn_, hc_head_base_, hc_head_scale_;  // f32 [hc, hc*hidden], [hc], [1]
+  std::unique_ptr<Workspace> ws_;
+  const int32_t* token_ids_ = nullptr;  // device int32 [T]: the step in flight's tokens (hash MoE)
+  int64_t weight_bytes_ = 0;
+  cpu::StepStats step_stats_;
+};
+
+}  // namespace dsinfer::backend::cuda
