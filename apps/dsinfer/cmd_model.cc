@@ -9,6 +9,9 @@
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
 #include "commands.h"
+#ifdef DSINFER_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+#endif
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/demo_model.h"
@@ -88,15 +91,50 @@ int RunInspect(int argc, char** argv) {
   return 0;
 }
 
+// "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N; nullopt for anything else.
+std::optional<int> ParseDevice(const std::string& s) {
+  if (s == "cpu") return -1;
+  if (s == "cuda") return 0;
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() < 9 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos)
+    return std::stoi(s.substr(5));
+  return std::nullopt;
+}
+
+// Logits of every position of `ids` on the GPU forward, `step` tokens per call.
+Status GpuLogits(int ordinal, const model::ModelWeights& weights, backend::Numerics numerics,
+                 const std::vector<int32_t>& ids, size_t step, std::vector<float>* all) {
+#ifdef DSINFER_HAVE_CUDA
+  DSINFER_ASSIGN_OR_RETURN(auto dev, backend::cuda::CudaDevice::Open(ordinal));
+  DSINFER_ASSIGN_OR_RETURN(auto model, backend::cuda::CudaModel::Create(*dev, weights, numerics));
+  DSINFER_ASSIGN_OR_RETURN(auto seq, model->NewSequence());
+  for (size_t i = 0; i < ids.size(); i += step) {
+    const size_t n = std::min(step, ids.size() - i);
+    backend::cpu::ForwardOutput out;
+    DSINFER_RETURN_IF_ERROR(model->Forward(*seq, std::span<const int32_t>(ids.data() + i, n),
+                                           {.all_logits = true}, &out));
+    all->insert(all->end(), out.logits.begin(), out.logits.end());
+  }
+  return Status::Ok();
+#else
+  (void)ordinal, (void)weights, (void)numerics, (void)ids, (void)step, (void)all;
+  return FailedPrecondition(
+      "--device cuda: this binary was built without the CUDA backend (DSINFER_CUDA=OFF)");
+#endif
+}
+
 int RunLogits(int argc, char** argv) {
   const char* usage =
       "dsinfer logits --model DIR --ids 0,5,7 --out FILE [--numerics official|fp32-reference] "
-      "[--chunk N] [--weights auto|map|copy]";
+      "[--chunk N] [--weights auto|map|copy] [--device cpu|cuda|cuda:N]";
   Args args;
-  if (!args.Parse(argc, argv, {"model", "ids", "out", "numerics", "chunk", "threads", "weights"},
+  if (!args.Parse(argc, argv,
+                  {"model", "ids", "out", "numerics", "chunk", "threads", "weights", "device"},
                   {}) ||
       !args.Has("model") || !args.Has("ids") || !args.Has("out"))
     return Usage(usage, args.error());
+  const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
+  if (!device) return Usage(usage, "--device must be cpu, cuda or cuda:N");
   std::vector<int32_t> ids;
   if (!ParseIdList(*args.Get("ids"), &ids))
     return Usage(usage, "--ids must be a comma-separated list of ids");
@@ -109,15 +147,19 @@ int RunLogits(int argc, char** argv) {
   if (!residency) return Usage(usage, kWeightResidencyFlagError);
   auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "logits");
   if (weights == nullptr) return 1;
-  ThreadPool pool(static_cast<int>(threads));
-  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
-  if (!cpu.ok()) return Fail(cpu.status());
-  auto state = (*cpu)->NewSequence();
   const int64_t vocab = weights->config().vocab_size;
   std::vector<float> all;
   all.reserve(ids.size() * vocab);
   size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
-  for (size_t i = 0; i < ids.size(); i += step) {
+  ThreadPool pool(*device >= 0 ? 1 : static_cast<int>(threads));
+  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
+  if (!cpu.ok()) return Fail(cpu.status());
+  auto state = (*cpu)->NewSequence();
+  if (*device >= 0) {
+    Status st = GpuLogits(*device, *weights, *numerics, ids, step, &all);
+    if (!st.ok()) return Fail(st);
+  }
+  for (size_t i = 0; i < ids.size() && *device < 0; i += step) {
     size_t n = std::min(step, ids.size() - i);
     backend::cpu::ForwardOutput out;
     Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n),
@@ -128,7 +170,9 @@ int RunLogits(int argc, char** argv) {
   io::OwnedTensor t{"logits", DType::kF32, {static_cast<int64_t>(ids.size()), vocab}, {}};
   t.bytes.resize(all.size() * 4);
   std::memcpy(t.bytes.data(), all.data(), t.bytes.size());
-  Status st = io::WriteSafetensors(*args.Get("out"), {t}, {{"numerics", (*numerics).Name()}});
+  Status st = io::WriteSafetensors(
+      *args.Get("out"), {t},
+      {{"numerics", (*numerics).Name()}, {"device", args.GetOr("device", "cpu")}});
   if (!st.ok()) return Fail(st);
   return 0;
 }

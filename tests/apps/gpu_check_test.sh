@@ -50,7 +50,7 @@ text = open(sys.argv[1]).read()
 steps = json.loads(re.search(r"## Steps \(JSON\)\n```json\n(.*?)\n```", text, re.S).group(1))
 assert steps["archs"] == "90a" and steps["failed"] == 1, steps
 names = [s["name"] for s in steps["steps"]]
-assert names == ["configure", "build", "test_cuda", "golden", "doctor", "bench_model"], names
+assert names == ["configure", "build", "test_cuda", "golden", "doctor", "gpu_bench"], names
 assert all(s["status"] == "skipped" for s in steps["steps"]), steps
 assert "| doctor | skipped |" in text
 PY

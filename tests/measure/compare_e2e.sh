@@ -74,6 +74,20 @@ EOF
     --output-json "$work/golden.json"
   check_json "$work/golden.json" 'r["verdict"] == "pass" and len(r["blocks"]) >= 2'
   echo "== bad input: exit 2"
+  # --device: a bad name is a usage error; cuda without a usable GPU (or without the CUDA
+  # backend) fails with the reason and writes nothing; with a GPU it must match the CPU.
+  expect_rc 2 "$dsinfer" logits --model "$model" --ids "$ids" --out "$work/g.safetensors" \
+    --device gpu
+  if "$dsinfer" logits --model "$model" --ids "$ids" --out "$work/g.safetensors" \
+    --numerics fp32-reference --device cuda 2>"$work/g.err"; then
+    "$dsinfer" logits --model "$model" --ids "$ids" --out "$work/f.safetensors" \
+      --numerics fp32-reference --threads 2
+    expect_rc 0 "$dsinfer" compare logits --a "$work/g.safetensors" --b "$work/f.safetensors" \
+      --max-nmse 1e-9
+  else
+    grep -q "CUDA\|cuda" "$work/g.err" || { cat "$work/g.err"; exit 1; }
+    [[ ! -e "$work/g.safetensors" ]] || { echo "a failed GPU run wrote its output"; exit 1; }
+  fi
   expect_rc 2 "$dsinfer" compare logits --a "$work/a.safetensors" --b "$work/missing.safetensors"
   expect_rc 2 "$dsinfer" compare logits --a "$work/a.safetensors"
   echo "compare logits e2e: OK"
