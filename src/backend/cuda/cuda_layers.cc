@@ -33,14 +33,6 @@ Status Copy2D(CudaDevice& dev, float* dst, int64_t dst_stride, const float* src,
       what);
 }
 
-// Positions of rows [T * per_token]: position start + t for each of a token's per_token rows.
-std::vector<int64_t> RowPositions(int64_t start, int64_t T, int64_t per_token) {
-  std::vector<int64_t> pos(static_cast<size_t>(T * per_token));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < per_token; ++h) pos[t * per_token + h] = start + t;
-  return pos;
-}
-
 }  // namespace
 
 // Feeds the step's T tokens (positions start_pos..) into one compressor: projections, the
@@ -123,11 +115,8 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
   const int ratio = d.ratio;
   const int W = c.window;
   const int64_t window_region = W - 1 + kMaxStepTokens;
-  std::vector<int64_t> pos = RowPositions(P, T, 1);  // [T]
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.Upload(pos.data(), pos.size() * 8));
-  std::vector<int64_t> pos_heads = RowPositions(P, T, H);  // [T * H]
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos_heads,
-                           dev_.Upload(pos_heads.data(), pos_heads.size() * 8));
+  std::vector<int64_t> pos(static_cast<size_t>(T));  // [T] host copy for the row lists
+  for (int64_t t = 0; t < T; ++t) pos[t] = P + t;
   const float* inv_freq = d.inv_freq.as<float>();
 
   // ---- query path.
@@ -140,15 +129,14 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
   DSINFER_RETURN_IF_ERROR(
       CudaStatus(LaunchHeadRmsNorm(q, T * H, hd, static_cast<float>(c.norm_eps), rb, dev_.stream()),
                  "head norm"));
-  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, q, T * H, hd, nope, dpos_heads.as<const int64_t>(),
-                                    inv_freq, rd / 2, false, rb));
+  DSINFER_RETURN_IF_ERROR(
+      ApplyRope(dev_, q, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, false, rb));
 
   // ---- window KV.
   DSINFER_ASSIGN_OR_RETURN(float* kv, ws_->Get(dev_, Workspace::kKv, T * hd));  // [T, hd]
   DSINFER_RETURN_IF_ERROR(QuantLinear(d.wkv, x, T, kv));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, kv, T, hd, d.kv_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_RETURN_IF_ERROR(
-      ApplyRope(dev_, kv, T, hd, nope, dpos.as<const int64_t>(), inv_freq, rd / 2, false, rb));
+  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, kv, T, hd, nope, step_.pos, inv_freq, rd / 2, false, rb));
   if (nm.kv_fp8_round_trip)
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchFp8RoundTrip(kv, T, nope, hd, 64, dev_.stream()), "FP8 KV"));
@@ -174,9 +162,7 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
     const int ih = c.index_n_heads, ihd = c.index_head_dim;
     DSINFER_ASSIGN_OR_RETURN(float* qi, ws_->Get(dev_, Workspace::kQi, T * ih * ihd));
     DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_wq_b, qr, T, qi));
-    std::vector<int64_t> pos_ih = RowPositions(P, T, ih);  // [T * ih]
-    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos_ih, dev_.Upload(pos_ih.data(), pos_ih.size() * 8));
-    DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, qi, T * ih, ihd, ihd - rd, dpos_ih.as<const int64_t>(),
+    DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, qi, T * ih, ihd, ihd - rd, step_.pos_index_heads,
                                       inv_freq, rd / 2, false, rb));
     if (nm.indexer_fp4) {
       DSINFER_RETURN_IF_ERROR(
@@ -205,12 +191,19 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
         std::iota(selected[t].begin(), selected[t].end(), 0);
       }
     } else {
+      // n_vis[t] <= max_vis <= n_comp by construction; one upload serves both kernels.
       DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, T * max_vis));
-      DSINFER_RETURN_IF_ERROR(IndexerScores(dev_, qi, wts, ls.index_keys.as<float>(), n_comp, n_vis,
-                                            ih, ihd, max_vis, rb, scores));
+      DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev_.Upload(n_vis.data(), n_vis.size() * 4));
       DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
                                dev_.Alloc(static_cast<size_t>(T * c.index_topk) * 4));
-      DSINFER_RETURN_IF_ERROR(TopK(dev_, scores, max_vis, n_vis, c.index_topk, didx.as<int32_t>()));
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchIndexerScores(qi, wts, ls.index_keys.as<float>(), dn.as<const int32_t>(),
+                                         T, ih, ihd, max_vis, rb, scores, dev_.stream()),
+                     "IndexerScores"));
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchTopK(scores, T, max_vis, dn.as<const int32_t>(), c.index_topk,
+                                didx.as<int32_t>(), dev_.stream()),
+                     "TopK"));
       std::vector<int32_t> idx(static_cast<size_t>(T * c.index_topk));  // [T, topk]
       DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
       for (int64_t t = 0; t < T; ++t)
@@ -233,10 +226,20 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
                            BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
   DSINFER_ASSIGN_OR_RETURN(float* o, ws_->Get(dev_, Workspace::kO, T * H * hd));  // [T, H, hd]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  DSINFER_RETURN_IF_ERROR(SparseAttention(dev_, q, H, hd, pool, window_region + n_comp, lists,
-                                          d.attn_sink.as<float>(), scale, rb, o));
-  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, o, T * H, hd, nope, dpos_heads.as<const int64_t>(),
-                                    inv_freq, rd / 2, true, rb));
+  // BuildSparseRowLists checked every row against the pool; offsets and rows go up together.
+  const int64_t total = static_cast<int64_t>(lists.rows.size());
+  std::vector<int32_t> packed = lists.offsets;  // [T + 1 offsets | total rows]
+  packed.insert(packed.end(), lists.rows.begin(), lists.rows.end());
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dlists, dev_.Upload(packed.data(), packed.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(
+      float* probs, ws_->Get(dev_, Workspace::kProbs, int64_t{H} * std::max<int64_t>(total, 1)));
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchSparseAttention(q, T, H, hd, pool, dlists.as<const int32_t>(),
+                                       dlists.as<const int32_t>() + T + 1, total,
+                                       d.attn_sink.as<float>(), scale, rb, probs, o, dev_.stream()),
+                 "SparseAttention"));
+  DSINFER_RETURN_IF_ERROR(
+      ApplyRope(dev_, o, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, true, rb));
 
   // ---- grouped output projection: wo_a per group (no act quant), then wo_b.
   const int G = c.o_groups;
@@ -277,17 +280,16 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   DSINFER_ASSIGN_OR_RETURN(float* logits,
                            ws_->Get(dev_, Workspace::kRouterLogits, T * E));  // [T, E]
   DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.gate, x, T, logits));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dchosen, dev_.Alloc(static_cast<size_t>(T * K) * 4));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dweight, dev_.Alloc(static_cast<size_t>(T * K) * 4));
+  // chosen [T, K] int32 then weights [T, K] f32 in one buffer: one copy back.
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dsel, dev_.Alloc(static_cast<size_t>(2 * T * K) * 4));
   const bool hash = d.tid2eid.data() != nullptr;
   DSINFER_RETURN_IF_ERROR(Route(dev_, logits, T, E, K, hash ? nullptr : d.gate_bias.as<float>(),
-                                hash ? d.tid2eid.as<int32_t>() : nullptr, c.vocab_size, token_ids_,
-                                static_cast<float>(c.route_scale), dchosen.as<int32_t>(),
-                                dweight.as<float>()));
-  std::vector<int32_t> chosen(static_cast<size_t>(T * K));  // [T, K]
-  std::vector<float> weight(static_cast<size_t>(T * K));    // [T, K]
-  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(chosen.data(), dchosen.data(), chosen.size() * 4));
-  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(weight.data(), dweight.data(), weight.size() * 4));
+                                hash ? d.tid2eid.as<int32_t>() : nullptr, c.vocab_size,
+                                step_.tokens, static_cast<float>(c.route_scale), dsel.as<int32_t>(),
+                                dsel.as<float>() + T * K));
+  std::vector<int32_t> sel(static_cast<size_t>(2 * T * K));  // [chosen | weight bits]
+  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(sel.data(), dsel.data(), sel.size() * 4));
+  std::span<const int32_t> chosen(sel.data(), static_cast<size_t>(T * K));
   for (int32_t e : chosen)
     if (e < 0 || e >= E) return Internal("MoE router chose expert " + std::to_string(e));
   DSINFER_ASSIGN_OR_RETURN(RoutedGroups groups, GroupRoutedTokens(chosen, E, K));
@@ -299,20 +301,44 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
       step_stats_.n_routed_experts_used++;
     }
   const int64_t TK = T * K;
-  // Per grouped row: its routing weight; per token: its grouped rows in ascending order (the
-  // CPU adds the routed outputs in expert order).
-  std::vector<float> row_weight(static_cast<size_t>(TK));    // [TK]
-  std::vector<int32_t> token_rows(static_cast<size_t>(TK));  // [T, K]
+  // Everything the expert kernels index, in one upload of int32 words: per token its grouped
+  // rows in ascending order (the CPU adds the routed outputs in expert order), per grouped row
+  // its routing weight (f32 bits) and x row, the identity rows (w2 reads grouped row j itself),
+  // and the grouped-GEMM tiles. GroupRoutedTokens' x rows are < T by construction.
+  const std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kGroupedTileRows);
+  std::vector<int32_t> idx(static_cast<size_t>(4 * TK) + 3 * tiles.size());
+  int32_t* token_rows = idx.data();       // [T, K]
+  int32_t* row_weight = token_rows + TK;  // [TK] f32 bits
+  int32_t* row_token = row_weight + TK;   // [TK]
+  int32_t* identity = row_token + TK;     // [TK]
+  int32_t* tile_words = identity + TK;    // [n_tiles, 3]
   std::vector<int32_t> fill(static_cast<size_t>(T), 0);
   for (int64_t j = 0; j < TK; ++j) {
-    row_weight[j] = weight[groups.slots[j]];
     const int32_t t = groups.tokens[j];
     token_rows[t * K + fill[t]++] = static_cast<int32_t>(j);
+    row_weight[j] = sel[T * K + groups.slots[j]];  // the weight's bits
+    row_token[j] = t;
+    identity[j] = static_cast<int32_t>(j);
   }
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer drow_weight,
-                           dev_.Upload(row_weight.data(), row_weight.size() * 4));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtoken_rows,
-                           dev_.Upload(token_rows.data(), token_rows.size() * 4));
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    tile_words[3 * i] = tiles[i].expert;
+    tile_words[3 * i + 1] = tiles[i].begin;
+    tile_words[3 * i + 2] = tiles[i].count;
+  }
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx, dev_.Upload(idx.data(), idx.size() * 4));
+  const int32_t* d_token_rows = didx.as<const int32_t>();
+  const float* d_row_weight = reinterpret_cast<const float*>(d_token_rows + TK);
+  const int32_t* d_row_token = d_token_rows + 2 * TK;
+  const int32_t* d_identity = d_token_rows + 3 * TK;
+  const int32_t* d_tiles = d_token_rows + 4 * TK;
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  auto grouped = [&](const DeviceExpertSet& set, const int32_t* rows_of, const float* in, float* y,
+                     const char* what) {
+    return CudaStatus(
+        LaunchGroupedMatMul(set.format, set.views.as<const DeviceWeightView>(), d_tiles, n_tiles,
+                            rows_of, in, set.rows, set.cols, y, dev_.stream()),
+        what);
+  };
 
   DSINFER_ASSIGN_OR_RETURN(float* xq, ws_->Get(dev_, Workspace::kXq, T * D));  // [T, D]
   DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, xq, x, T * D, "moe input"));
@@ -322,17 +348,14 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   DSINFER_ASSIGN_OR_RETURN(float* gate, ws_->Get(dev_, Workspace::kExpertGate, TK * inter));
   DSINFER_ASSIGN_OR_RETURN(float* up, ws_->Get(dev_, Workspace::kExpertUp, TK * inter));
   DSINFER_ASSIGN_OR_RETURN(float* down, ws_->Get(dev_, Workspace::kExpertDown, TK * D));  // [TK, D]
-  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w1, groups, xq, T, gate));
-  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w3, groups, xq, T, up));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w1, d_row_token, xq, gate, "experts w1"));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w3, d_row_token, xq, up, "experts w3"));
   DSINFER_RETURN_IF_ERROR(CudaStatus(
-      LaunchSwiGlu(gate, up, TK, inter, drow_weight.as<float>(), limit, rb, gate, dev_.stream()),
-      "SwiGLU"));
+      LaunchSwiGlu(gate, up, TK, inter, d_row_weight, limit, rb, gate, dev_.stream()), "SwiGLU"));
   if (nm.quantize_activations)
     DSINFER_RETURN_IF_ERROR(CudaStatus(
         LaunchFp8RoundTrip(gate, TK, inter, inter, c.act_block, dev_.stream()), "h act quant"));
-  RoutedGroups rows_in_place = groups;  // w2 reads grouped row j itself
-  std::iota(rows_in_place.tokens.begin(), rows_in_place.tokens.end(), 0);
-  DSINFER_RETURN_IF_ERROR(GroupedMatMul(dev_, d.w2, rows_in_place, gate, TK, down));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w2, d_identity, gate, down, "experts w2"));
   if (rb)
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchScaleRound(down, TK * D, 1.0f, true, dev_.stream()), "round experts"));
@@ -354,9 +377,9 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
       DSINFER_RETURN_IF_ERROR(
           CudaStatus(LaunchScaleRound(shared, T * D, 1.0f, true, dev_.stream()), "round shared"));
   }
-  DSINFER_RETURN_IF_ERROR(CudaStatus(
-      LaunchMoeCombine(down, dtoken_rows.as<int32_t>(), K, shared, T, D, rb, out, dev_.stream()),
-      "MoE combine"));
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchMoeCombine(down, d_token_rows, K, shared, T, D, rb, out, dev_.stream()),
+                 "MoE combine"));
   return Status::Ok();  // buffers freed on return are released in stream order
 }
 

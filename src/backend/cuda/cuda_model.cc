@@ -295,7 +295,17 @@ Status CudaModel::Step(CudaSequence& seq, std::span<const int32_t> tokens, bool 
       CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), dtok.as<const int32_t>(), T, c.hc_mult, D,
                              H, dev_.stream()),
                  "Embed"));
-  token_ids_ = dtok.as<const int32_t>();
+  // Positions for RoPE: [T] per token, then per attention head and per indexer head.
+  std::vector<int64_t> pos;  // [T * (1 + n_heads + index_n_heads)]
+  pos.reserve(static_cast<size_t>(T * (1 + c.n_heads + c.index_n_heads)));
+  for (int per : {1, c.n_heads, c.index_n_heads})
+    for (int64_t t = 0; t < T; ++t)
+      pos.insert(pos.end(), static_cast<size_t>(per), seq.n_tokens + t);
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.Upload(pos.data(), pos.size() * 8));
+  step_.tokens = dtok.as<const int32_t>();
+  step_.pos = dpos.as<const int64_t>();
+  step_.pos_heads = step_.pos + T;
+  step_.pos_index_heads = step_.pos_heads + T * c.n_heads;
   for (int li = 0; li < c.n_layers; ++li) DSINFER_RETURN_IF_ERROR(Block(li, seq, T, H));
   seq.n_tokens += T;
   logits->clear();

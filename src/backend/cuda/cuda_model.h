@@ -112,7 +112,14 @@ class CudaModel {
   DeviceBuffer norm_;                                       // [hidden] f32
   DeviceBuffer hc_head_fn_, hc_head_base_, hc_head_scale_;  // f32 [hc, hc*hidden], [hc], [1]
   std::unique_ptr<Workspace> ws_;
-  const int32_t* token_ids_ = nullptr;  // device int32 [T]: the step in flight's tokens (hash MoE)
+  // The step in flight's device inputs, uploaded once per step (every layer reads them).
+  struct StepInputs {
+    const int32_t* tokens = nullptr;           // [T] int32 (embedding, hash routing)
+    const int64_t* pos = nullptr;              // [T] absolute positions
+    const int64_t* pos_heads = nullptr;        // [T * n_heads] each token's position per head
+    const int64_t* pos_index_heads = nullptr;  // [T * index_n_heads]
+  };
+  StepInputs step_;
   int64_t weight_bytes_ = 0;
   cpu::StepStats step_stats_;
 };

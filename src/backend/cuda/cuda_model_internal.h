@@ -61,6 +61,7 @@ struct CudaModel::Workspace {
     kQi,
     kWts,
     kScores,
+    kProbs,
     kLogits,
     kRouterLogits,
     kXq,
