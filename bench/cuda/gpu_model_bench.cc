@@ -1,10 +1,11 @@
-// The GPU forward (backend/cuda CudaModel) on a checkpoint: weight upload, prefill and batch-1
-// decode throughput at each context, beside the bandwidth roofline of the same device measured
-// in the same run (the distinct bytes a decode step must read: dense weights once, each routed
-// expert that got a token once, the KV rows attention reads; divided by the read probe's GB/s).
+// The GPU forward (backend/cuda CudaModel) on a checkpoint: weight upload, prefill and decode
+// throughput at each context and batch (that many sequences stepped together), beside the
+// bandwidth roofline of the same device measured in the same run (the distinct bytes a decode
+// step must read: dense weights once, each routed expert that got a token once, the KV rows
+// attention reads; divided by the read probe's GB/s).
 //
-// Usage: gpu_model_bench --model DIR [--context 128,1024] [--decode 16] [--repeats 3]
-//                        [--numerics official|fp32-reference]
+// Usage: gpu_model_bench --model DIR [--context 128,1024] [--batch 1] [--decode 16]
+//                        [--repeats 3] [--numerics official|fp32-reference]
 // Prints one line per (context, repeat) and a median line per context. Exits 0 without a GPU
 // (with the reason), 1 on a failure.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,13 +49,15 @@ std::vector<int64_t> ParseList(const char* s) {
 
 int main(int argc, char** argv) {
   std::string dir, numerics_name = "official";
-  std::vector<int64_t> contexts = {128, 1024};
+  std::vector<int64_t> contexts = {128, 1024}, batches = {1};
   int decode = 16, repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model"))
       dir = argv[i + 1];
     else if (!std::strcmp(argv[i], "--context"))
       contexts = ParseList(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--batch"))
+      batches = ParseList(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--decode"))
       decode = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--repeats"))
@@ -65,11 +69,12 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (dir.empty() || contexts.empty() ||
+  if (dir.empty() || contexts.empty() || batches.empty() ||
+      *std::min_element(batches.begin(), batches.end()) < 1 ||
       (numerics_name != "official" && numerics_name != "fp32-reference")) {
     std::fprintf(stderr,
-                 "usage: gpu_model_bench --model DIR [--context 128,1024] [--decode 16] "
-                 "[--repeats 3] [--numerics official|fp32-reference]\n");
+                 "usage: gpu_model_bench --model DIR [--context 128,1024] [--batch 1] "
+                 "[--decode 16] [--repeats 3] [--numerics official|fp32-reference]\n");
     return 1;
   }
   const backend::Numerics numerics = numerics_name == "official"
@@ -104,57 +109,74 @@ int main(int argc, char** argv) {
       "numerics; %.2f GB on the device, uploaded in %.2f s\n",
       (*dev)->info().name.c_str(), probe->read_gbps, 100 * probe->read_gbps / probe->peak_gbps,
       probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), (*m)->weight_bytes() / 1e9, upload_s);
-  std::printf("%8s %6s %12s %12s %10s %12s %10s\n", "context", "rep", "prefill t/s", "decode t/s",
-              "step ms", "roofline ms", "share");
+  std::printf("%8s %5s %6s %12s %12s %10s %12s %10s\n", "context", "batch", "rep", "prefill t/s",
+              "decode t/s", "step ms", "roofline ms", "share");
   uint32_t x = 12345;
   auto next_id = [&] {
     x = x * 1664525u + 1013904223u;
     return static_cast<int32_t>(2 + (x >> 8) % static_cast<uint32_t>(c.vocab_size - 2));
   };
   for (int64_t ctx : contexts) {
-    std::vector<double> prefill_tps, decode_tps, step_ms, roof_ms;
-    for (int r = 0; r < repeats; ++r) {
-      auto seq = (*m)->NewSequence();
-      if (!seq.ok()) {
-        std::fprintf(stderr, "gpu_model_bench: %s\n", seq.status().ToString().c_str());
-        return 1;
-      }
-      std::vector<int32_t> prompt(static_cast<size_t>(ctx));
-      for (auto& id : prompt) id = next_id();
-      backend::cpu::ForwardOutput out;
-      const auto t0 = Clock::now();
-      Status st = (*m)->Forward(**seq, prompt, {}, &out);
-      const double prefill_s = Seconds(t0, Clock::now());
-      if (!st.ok()) {
-        std::fprintf(stderr, "gpu_model_bench: prefill: %s\n", st.ToString().c_str());
-        return 1;
-      }
-      std::vector<double> steps, bytes;
-      for (int s = 0; s < decode; ++s) {
-        const int32_t one[1] = {next_id()};
-        const auto t1 = Clock::now();
-        st = (*m)->Forward(**seq, one, {}, &out);
-        steps.push_back(Seconds(t1, Clock::now()));
+    for (int64_t batch : batches) {
+      std::vector<double> prefill_tps, decode_tps, step_ms, roof_ms;
+      for (int r = 0; r < repeats; ++r) {
+        // `batch` sequences prefilled together, then decoded together one token each per step.
+        std::vector<std::unique_ptr<backend::cuda::CudaSequence>> seqs;
+        std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+        std::vector<backend::cpu::ForwardOutput> outs(static_cast<size_t>(batch));
+        std::vector<backend::cuda::CudaChunk> chunks;
+        for (int64_t b = 0; b < batch; ++b) {
+          auto seq = (*m)->NewSequence();
+          if (!seq.ok()) {
+            std::fprintf(stderr, "gpu_model_bench: %s\n", seq.status().ToString().c_str());
+            return 1;
+          }
+          seqs.push_back(std::move(seq).value());
+          prompts[b].resize(static_cast<size_t>(ctx));
+          for (auto& id : prompts[b]) id = next_id();
+        }
+        for (int64_t b = 0; b < batch; ++b)
+          chunks.push_back({seqs[b].get(), prompts[b], {}, &outs[b]});
+        const auto t0 = Clock::now();
+        Status st = (*m)->ForwardBatch(chunks);
+        const double prefill_s = Seconds(t0, Clock::now());
         if (!st.ok()) {
-          std::fprintf(stderr, "gpu_model_bench: decode: %s\n", st.ToString().c_str());
+          std::fprintf(stderr, "gpu_model_bench: prefill: %s\n", st.ToString().c_str());
           return 1;
         }
-        const auto& ss = (*m)->last_step_stats();
-        bytes.push_back(static_cast<double>(dense + ss.routed_expert_bytes + ss.kv_bytes));
+        std::vector<double> steps, bytes;
+        std::vector<int32_t> step_ids(static_cast<size_t>(batch));
+        for (int s = 0; s < decode; ++s) {
+          for (int64_t b = 0; b < batch; ++b) {
+            step_ids[b] = next_id();
+            chunks[b].tokens = std::span<const int32_t>(&step_ids[b], 1);
+          }
+          const auto t1 = Clock::now();
+          st = (*m)->ForwardBatch(chunks);
+          steps.push_back(Seconds(t1, Clock::now()));
+          if (!st.ok()) {
+            std::fprintf(stderr, "gpu_model_bench: decode: %s\n", st.ToString().c_str());
+            return 1;
+          }
+          const auto& ss = (*m)->last_step_stats();
+          bytes.push_back(static_cast<double>(dense + ss.routed_expert_bytes + ss.kv_bytes));
+        }
+        const double step = Median(steps);
+        const double roof = Median(bytes) / (probe->read_gbps * 1e9);
+        prefill_tps.push_back(static_cast<double>(ctx * batch) / prefill_s);
+        decode_tps.push_back(static_cast<double>(batch) / step);
+        step_ms.push_back(step * 1e3);
+        roof_ms.push_back(roof * 1e3);
+        std::printf("%8lld %5lld %6d %12.1f %12.1f %10.3f %12.4f %9.2f%%\n",
+                    static_cast<long long>(ctx), static_cast<long long>(batch), r,
+                    prefill_tps.back(), decode_tps.back(), step_ms.back(), roof_ms.back(),
+                    100 * roof / step);
       }
-      const double step = Median(steps);
-      const double roof = Median(bytes) / (probe->read_gbps * 1e9);
-      prefill_tps.push_back(static_cast<double>(ctx) / prefill_s);
-      decode_tps.push_back(1.0 / step);
-      step_ms.push_back(step * 1e3);
-      roof_ms.push_back(roof * 1e3);
-      std::printf("%8lld %6d %12.1f %12.1f %10.3f %12.4f %9.2f%%\n", static_cast<long long>(ctx), r,
-                  prefill_tps.back(), decode_tps.back(), step_ms.back(), roof_ms.back(),
-                  100 * roof / step);
+      std::printf("%8lld %5lld %6s %12.1f %12.1f %10.3f %12.4f %9.2f%%\n",
+                  static_cast<long long>(ctx), static_cast<long long>(batch), "median",
+                  Median(prefill_tps), Median(decode_tps), Median(step_ms), Median(roof_ms),
+                  100 * Median(roof_ms) / Median(step_ms));
     }
-    std::printf("%8lld %6s %12.1f %12.1f %10.3f %12.4f %9.2f%%\n", static_cast<long long>(ctx),
-                "median", Median(prefill_tps), Median(decode_tps), Median(step_ms), Median(roof_ms),
-                100 * Median(roof_ms) / Median(step_ms));
   }
   return 0;
 }

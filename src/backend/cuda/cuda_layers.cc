@@ -35,20 +35,17 @@ Status Copy2D(CudaDevice& dev, float* dst, int64_t dst_stride, const float* src,
 
 }  // namespace
 
-// Feeds the step's T tokens (positions start_pos..) into one compressor: projections, the
-// pooled rows of every group that completes (written to rows_out [n_groups, d]), their norm,
-// RoPE at the group's first position and the numerics' post-processing (attention.cc
-// CompressorFeed + CompressorPush), and the state's new partial / previous groups.
+// Feeds one sequence's n new tokens (positions start_pos..; a, g: their projections [n, width])
+// into one compressor: the pooled rows of every group that completes (written to rows_out
+// [n_groups, d]), their norm, RoPE at the group's first position and the numerics'
+// post-processing (attention.cc CompressorFeed + CompressorPush), and the state's new partial /
+// previous groups.
 Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState& st, int li,
-                                 int64_t start_pos, int64_t T, const float* x, int d,
-                                 float* rows_out, bool index_keys) {
+                                 int64_t start_pos, int64_t T, const float* a, const float* g,
+                                 int d, float* rows_out, bool index_keys) {
   const model::ModelConfig& c = config();
   const Numerics& nm = numerics_;
   const int r = st.ratio, w = st.width;
-  DSINFER_ASSIGN_OR_RETURN(float* a, ws_->Get(dev_, Workspace::kA, T * w));  // [T, w]
-  DSINFER_ASSIGN_OR_RETURN(float* g, ws_->Get(dev_, Workspace::kG, T * w));  // [T, w]
-  DSINFER_RETURN_IF_ERROR(MatMul(dev_, cw.wkv, x, T, a));
-  DSINFER_RETURN_IF_ERROR(MatMul(dev_, cw.wgate, x, T, g));
   const int64_t p0 = start_pos % r;  // tokens of the open group already in the state
   const int64_t n_all = p0 + T, n_groups = n_all / r, left = n_all % r;
   // The open group's rows, then the step's: complete groups start at row 0.
@@ -105,7 +102,7 @@ Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState
   return Status::Ok();  // buffers freed on return are released in stream order
 }
 
-Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, const float* x,
+Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, const float* x,
                             float* out) {
   const model::ModelConfig& c = config();
   const Numerics& nm = numerics_;
@@ -115,11 +112,9 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
   const int ratio = d.ratio;
   const int W = c.window;
   const int64_t window_region = W - 1 + kMaxStepTokens;
-  std::vector<int64_t> pos(static_cast<size_t>(T));  // [T] host copy for the row lists
-  for (int64_t t = 0; t < T; ++t) pos[t] = P + t;
   const float* inv_freq = d.inv_freq.as<float>();
 
-  // ---- query path.
+  // ---- query path, all sequences' rows at once (positions per row from step_).
   DSINFER_ASSIGN_OR_RETURN(float* qr, ws_->Get(dev_, Workspace::kQr, T * c.q_lora_rank));
   DSINFER_RETURN_IF_ERROR(QuantLinear(d.wq_a, x, T, qr));
   DSINFER_RETURN_IF_ERROR(
@@ -132,35 +127,27 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
   DSINFER_RETURN_IF_ERROR(
       ApplyRope(dev_, q, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, false, rb));
 
-  // ---- window KV.
-  DSINFER_ASSIGN_OR_RETURN(float* kv, ws_->Get(dev_, Workspace::kKv, T * hd));  // [T, hd]
+  // ---- window KV rows [T, hd].
+  DSINFER_ASSIGN_OR_RETURN(float* kv, ws_->Get(dev_, Workspace::kKv, T * hd));
   DSINFER_RETURN_IF_ERROR(QuantLinear(d.wkv, x, T, kv));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, kv, T, hd, d.kv_norm.as<float>(), c.norm_eps, rb));
   DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, kv, T, hd, nope, step_.pos, inv_freq, rd / 2, false, rb));
   if (nm.kv_fp8_round_trip)
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchFp8RoundTrip(kv, T, nope, hd, 64, dev_.stream()), "FP8 KV"));
-  // The pool's window region: positions base .. P + T - 1 in order (the ring's, then the step's).
-  const int64_t base = std::max<int64_t>(0, P - (W - 1));
-  float* pool = ls.pool.as<float>();
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchRingGather(ls.ring.as<float>(), W, hd, base, P - base, pool, dev_.stream()),
-                 "ring gather"));
-  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, pool + (P - base) * hd, kv, T * hd, "window rows"));
 
-  // ---- compressor: rows of groups completed in this step join the pool.
-  const int64_t n_comp = ratio > 0 ? (P + T) / ratio : 0;
+  // ---- compressor and indexer projections, all rows at once (fp32, no rounding).
+  float *ca = nullptr, *cg = nullptr, *ia = nullptr, *ig = nullptr, *qi = nullptr, *wts = nullptr;
+  const int ih = c.index_n_heads, ihd = c.index_head_dim;
   if (ratio > 0) {
-    float* rows_out = pool + (window_region + P / ratio) * hd;
-    DSINFER_RETURN_IF_ERROR(
-        CompressorStep(d.compressor, ls.compressor, li, P, T, x, hd, rows_out, false));
+    const int64_t w = d.compressor.wkv.view.rows;
+    DSINFER_ASSIGN_OR_RETURN(ca, ws_->Get(dev_, Workspace::kA, T * w));  // [T, w]
+    DSINFER_ASSIGN_OR_RETURN(cg, ws_->Get(dev_, Workspace::kG, T * w));  // [T, w]
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.compressor.wkv, x, T, ca));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.compressor.wgate, x, T, cg));
   }
-
-  // ---- indexer (CSA): per-query top-k of the visible compressed rows.
-  std::vector<std::vector<int32_t>> selected;
   if (ratio == 4) {
-    const int ih = c.index_n_heads, ihd = c.index_head_dim;
-    DSINFER_ASSIGN_OR_RETURN(float* qi, ws_->Get(dev_, Workspace::kQi, T * ih * ihd));
+    DSINFER_ASSIGN_OR_RETURN(qi, ws_->Get(dev_, Workspace::kQi, T * ih * ihd));  // [T, ih, ihd]
     DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_wq_b, qr, T, qi));
     DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, qi, T * ih, ihd, ihd - rd, step_.pos_index_heads,
                                       inv_freq, rd / 2, false, rb));
@@ -170,74 +157,114 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
       DSINFER_RETURN_IF_ERROR(
           CudaStatus(LaunchFp4RoundTrip(qi, T * ih, ihd, ihd, 32, dev_.stream()), "FP4 q"));
     }
-    DSINFER_ASSIGN_OR_RETURN(float* wts, ws_->Get(dev_, Workspace::kWts, T * ih));  // [T, ih]
+    DSINFER_ASSIGN_OR_RETURN(wts, ws_->Get(dev_, Workspace::kWts, T * ih));  // [T, ih]
     DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_weights_proj, x, T, wts));
     const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchScaleRound(wts, T * ih, wscale, rb, dev_.stream()), "indexer weights"));
-    float* keys_out = ls.index_keys.as<float>() + (P / 4) * ihd;
-    DSINFER_RETURN_IF_ERROR(
-        CompressorStep(d.index_compressor, ls.index_compressor, li, P, T, x, ihd, keys_out, true));
-    std::vector<int32_t> n_vis(static_cast<size_t>(T));  // [T]
-    int32_t max_vis = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      n_vis[t] = static_cast<int32_t>((P + t + 1) / 4);
-      max_vis = std::max(max_vis, n_vis[t]);
-    }
-    selected.resize(static_cast<size_t>(T));
-    if (max_vis <= c.index_topk) {
-      for (int64_t t = 0; t < T; ++t) {
-        selected[t].resize(n_vis[t]);
-        std::iota(selected[t].begin(), selected[t].end(), 0);
-      }
-    } else {
-      // n_vis[t] <= max_vis <= n_comp by construction; one upload serves both kernels.
-      DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, T * max_vis));
-      DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev_.Upload(n_vis.data(), n_vis.size() * 4));
-      DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
-                               dev_.Alloc(static_cast<size_t>(T * c.index_topk) * 4));
-      DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchIndexerScores(qi, wts, ls.index_keys.as<float>(), dn.as<const int32_t>(),
-                                         T, ih, ihd, max_vis, rb, scores, dev_.stream()),
-                     "IndexerScores"));
-      DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchTopK(scores, T, max_vis, dn.as<const int32_t>(), c.index_topk,
-                                didx.as<int32_t>(), dev_.stream()),
-                     "TopK"));
-      std::vector<int32_t> idx(static_cast<size_t>(T * c.index_topk));  // [T, topk]
-      DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
-      for (int64_t t = 0; t < T; ++t)
-        for (int k = 0; k < c.index_topk; ++k) {
-          const int32_t j = idx[t * c.index_topk + k];
-          if (j >= 0) selected[t].push_back(j);
-        }
-    }
+    const int64_t w = d.index_compressor.wkv.view.rows;
+    DSINFER_ASSIGN_OR_RETURN(ia, ws_->Get(dev_, Workspace::kIa, T * w));  // [T, w]
+    DSINFER_ASSIGN_OR_RETURN(ig, ws_->Get(dev_, Workspace::kIg, T * w));  // [T, w]
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.index_compressor.wkv, x, T, ia));
+    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.index_compressor.wgate, x, T, ig));
   }
 
-  // ---- sparse attention with sink, then de-rotation at the query position.
-  SparseRowSpec spec;
-  spec.window = W;
-  spec.ratio = ratio;
-  spec.window_first_pos = base;
-  spec.window_rows = P - base + T;
-  spec.compressed_base = window_region;
-  spec.compressed_rows = n_comp;
-  DSINFER_ASSIGN_OR_RETURN(SparseRowLists lists,
-                           BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
+  // ---- per sequence: its pool, compressors, indexer selection and sparse attention.
   DSINFER_ASSIGN_OR_RETURN(float* o, ws_->Get(dev_, Workspace::kO, T * H * hd));  // [T, H, hd]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // BuildSparseRowLists checked every row against the pool; offsets and rows go up together.
-  const int64_t total = static_cast<int64_t>(lists.rows.size());
-  std::vector<int32_t> packed = lists.offsets;  // [T + 1 offsets | total rows]
-  packed.insert(packed.end(), lists.rows.begin(), lists.rows.end());
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dlists, dev_.Upload(packed.data(), packed.size() * 4));
-  DSINFER_ASSIGN_OR_RETURN(
-      float* probs, ws_->Get(dev_, Workspace::kProbs, int64_t{H} * std::max<int64_t>(total, 1)));
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchSparseAttention(q, T, H, hd, pool, dlists.as<const int32_t>(),
-                                       dlists.as<const int32_t>() + T + 1, total,
-                                       d.attn_sink.as<float>(), scale, rb, probs, o, dev_.stream()),
-                 "SparseAttention"));
+  for (const Segment& sg : segments) {
+    CudaLayerState& ls = sg.seq->layers[li];
+    const int64_t P = sg.seq->n_tokens, n = static_cast<int64_t>(sg.tokens.size()), r0 = sg.row;
+    std::vector<int64_t> pos(static_cast<size_t>(n));  // [n] host copy for the row lists
+    for (int64_t t = 0; t < n; ++t) pos[t] = P + t;
+    // The pool's window region: positions base .. P + n - 1 in order (the ring's, then the new).
+    const int64_t base = std::max<int64_t>(0, P - (W - 1));
+    float* pool = ls.pool.as<float>();
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchRingGather(ls.ring.as<float>(), W, hd, base, P - base, pool, dev_.stream()),
+        "ring gather"));
+    DSINFER_RETURN_IF_ERROR(
+        CopyD2D(dev_, pool + (P - base) * hd, kv + r0 * hd, n * hd, "window rows"));
+    // Compressed rows of groups completed in this step join the pool.
+    const int64_t n_comp = ratio > 0 ? (P + n) / ratio : 0;
+    if (ratio > 0) {
+      const int64_t w = ls.compressor.width;
+      DSINFER_RETURN_IF_ERROR(CompressorStep(d.compressor, ls.compressor, li, P, n, ca + r0 * w,
+                                             cg + r0 * w, hd,
+                                             pool + (window_region + P / ratio) * hd, false));
+    }
+    // Indexer (CSA): per-query top-k of the visible compressed rows.
+    std::vector<std::vector<int32_t>> selected;
+    if (ratio == 4) {
+      const int64_t w = ls.index_compressor.width;
+      DSINFER_RETURN_IF_ERROR(CompressorStep(d.index_compressor, ls.index_compressor, li, P, n,
+                                             ia + r0 * w, ig + r0 * w, ihd,
+                                             ls.index_keys.as<float>() + (P / 4) * ihd, true));
+      std::vector<int32_t> n_vis(static_cast<size_t>(n));  // [n]
+      int32_t max_vis = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        n_vis[t] = static_cast<int32_t>((P + t + 1) / 4);
+        max_vis = std::max(max_vis, n_vis[t]);
+      }
+      selected.resize(static_cast<size_t>(n));
+      if (max_vis <= c.index_topk) {
+        for (int64_t t = 0; t < n; ++t) {
+          selected[t].resize(n_vis[t]);
+          std::iota(selected[t].begin(), selected[t].end(), 0);
+        }
+      } else {
+        // n_vis[t] <= max_vis <= n_comp by construction; one upload serves both kernels.
+        DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, n * max_vis));
+        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev_.Upload(n_vis.data(), n_vis.size() * 4));
+        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
+                                 dev_.Alloc(static_cast<size_t>(n * c.index_topk) * 4));
+        DSINFER_RETURN_IF_ERROR(
+            CudaStatus(LaunchIndexerScores(qi + r0 * ih * ihd, wts + r0 * ih,
+                                           ls.index_keys.as<float>(), dn.as<const int32_t>(), n, ih,
+                                           ihd, max_vis, rb, scores, dev_.stream()),
+                       "IndexerScores"));
+        DSINFER_RETURN_IF_ERROR(
+            CudaStatus(LaunchTopK(scores, n, max_vis, dn.as<const int32_t>(), c.index_topk,
+                                  didx.as<int32_t>(), dev_.stream()),
+                       "TopK"));
+        std::vector<int32_t> idx(static_cast<size_t>(n * c.index_topk));  // [n, topk]
+        DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
+        for (int64_t t = 0; t < n; ++t)
+          for (int k = 0; k < c.index_topk; ++k) {
+            const int32_t j = idx[t * c.index_topk + k];
+            if (j >= 0) selected[t].push_back(j);
+          }
+      }
+    }
+    // Sparse attention with sink over this sequence's pool.
+    SparseRowSpec spec;
+    spec.window = W;
+    spec.ratio = ratio;
+    spec.window_first_pos = base;
+    spec.window_rows = P - base + n;
+    spec.compressed_base = window_region;
+    spec.compressed_rows = n_comp;
+    DSINFER_ASSIGN_OR_RETURN(SparseRowLists lists,
+                             BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
+    // BuildSparseRowLists checked every row against the pool; offsets and rows go up together.
+    const int64_t total = static_cast<int64_t>(lists.rows.size());
+    std::vector<int32_t> packed = lists.offsets;  // [n + 1 offsets | total rows]
+    packed.insert(packed.end(), lists.rows.begin(), lists.rows.end());
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dlists, dev_.Upload(packed.data(), packed.size() * 4));
+    DSINFER_ASSIGN_OR_RETURN(
+        float* probs, ws_->Get(dev_, Workspace::kProbs, int64_t{H} * std::max<int64_t>(total, 1)));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchSparseAttention(q + r0 * H * hd, n, H, hd, pool, dlists.as<const int32_t>(),
+                              dlists.as<const int32_t>() + n + 1, total, d.attn_sink.as<float>(),
+                              scale, rb, probs, o + r0 * H * hd, dev_.stream()),
+        "SparseAttention"));
+    step_stats_.kv_bytes += (P - base + n + n_comp) * hd * 4;
+    if (ratio == 4) step_stats_.kv_bytes += n_comp * int64_t{ihd} * 4;
+    // The last `window` KV rows stay in the ring for the next step.
+    DSINFER_RETURN_IF_ERROR(
+        CudaStatus(LaunchRingScatter(kv + r0 * hd, n, P, W, hd, ls.ring.as<float>(), dev_.stream()),
+                   "ring scatter"));
+  }
   DSINFER_RETURN_IF_ERROR(
       ApplyRope(dev_, o, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, true, rb));
 
@@ -257,13 +284,6 @@ Status CudaModel::Attention(int li, CudaLayerState& ls, int64_t P, int64_t T, co
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchScaleRound(z, T * G * L, 1.0f, true, dev_.stream()), "round z"));
   DSINFER_RETURN_IF_ERROR(QuantLinear(d.wo_b, z, T, out));
-
-  step_stats_.kv_bytes += (P - base + T + n_comp) * hd * 4;
-  if (ratio == 4) step_stats_.kv_bytes += n_comp * int64_t{c.index_head_dim} * 4;
-
-  // ---- the last `window` KV rows stay in the ring for the next step.
-  DSINFER_RETURN_IF_ERROR(CudaStatus(
-      LaunchRingScatter(kv, T, P, W, hd, ls.ring.as<float>(), dev_.stream()), "ring scatter"));
   return Status::Ok();  // buffers freed on return are released in stream order
 }
 

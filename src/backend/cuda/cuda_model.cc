@@ -256,38 +256,66 @@ Status CudaModel::QuantLinear(const DeviceWeight& w, const float* x, int64_t m, 
 
 Status CudaModel::Forward(CudaSequence& seq, std::span<const int32_t> tokens,
                           const cpu::ForwardOptions& options, cpu::ForwardOutput* out) {
+  CudaChunk chunk{&seq, tokens, options, out};
+  return ForwardBatch(std::span<CudaChunk>(&chunk, 1));
+}
+
+Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
   const model::ModelConfig& c = config();
-  if (out == nullptr) return InvalidArgument("Forward: no output");
-  if (seq.owner != this) return InvalidArgument("Forward: the sequence belongs to another model");
-  if (tokens.empty()) return InvalidArgument("Forward: empty token chunk");
-  if (options.want_hidden)
-    return Unimplemented("Forward: the GPU forward does not return hidden states (no MTP yet)");
-  for (int32_t tok : tokens)
-    if (tok < 0 || tok >= c.vocab_size)
-      return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
-                             std::to_string(c.vocab_size) + ")");
-  out->logits.clear();
-  out->hidden.clear();
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  for (int64_t b = 0; b < n; b += kMaxStepTokens) {
-    const int64_t len = std::min(kMaxStepTokens, n - b);
-    const bool last = b + len == n;
-    std::vector<float> logits;
-    DSINFER_RETURN_IF_ERROR(Step(seq, tokens.subspan(b, len), options.all_logits,
-                                 options.want_logits && (last || options.all_logits), &logits));
-    out->logits.insert(out->logits.end(), logits.begin(), logits.end());
+  // Validate everything before touching any state: a bad chunk fails the step and loses nothing.
+  int64_t longest = 0;
+  for (const CudaChunk& ch : chunks) {
+    if (ch.seq == nullptr || ch.out == nullptr)
+      return InvalidArgument("ForwardBatch: chunk without sequence/output");
+    if (ch.seq->owner != this)
+      return InvalidArgument("Forward: the sequence belongs to another model");
+    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+    if (ch.options.want_hidden)
+      return Unimplemented("Forward: the GPU forward does not return hidden states (no MTP yet)");
+    for (int32_t tok : ch.tokens)
+      if (tok < 0 || tok >= c.vocab_size)
+        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                               std::to_string(c.vocab_size) + ")");
+    for (const CudaChunk& other : chunks)
+      if (&other != &ch && other.seq == ch.seq)
+        return InvalidArgument("ForwardBatch: a sequence appears twice");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(ch.tokens.size()));
+  }
+  for (CudaChunk& ch : chunks) {
+    ch.out->logits.clear();
+    ch.out->hidden.clear();
+  }
+  // Rounds of at most kMaxStepTokens tokens per sequence (the pool's window region holds that).
+  for (int64_t b = 0; b < longest; b += kMaxStepTokens) {
+    std::vector<Segment> segments;
+    int64_t row = 0;
+    for (CudaChunk& ch : chunks) {
+      const int64_t n = static_cast<int64_t>(ch.tokens.size());
+      if (b >= n) continue;
+      const int64_t len = std::min(kMaxStepTokens, n - b);
+      const bool last = b + len == n;
+      segments.push_back({ch.seq, ch.tokens.subspan(b, len), row, ch.options.all_logits,
+                          ch.options.want_logits && (last || ch.options.all_logits),
+                          &ch.out->logits});
+      row += len;
+    }
+    DSINFER_RETURN_IF_ERROR(Step(segments));
   }
   return Status::Ok();
 }
 
-Status CudaModel::Step(CudaSequence& seq, std::span<const int32_t> tokens, bool all_logits,
-                       bool want_logits, std::vector<float>* logits) {
+Status CudaModel::Step(std::span<Segment> segments) {
   const model::ModelConfig& c = config();
-  const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
   step_stats_ = {};
-  for (int li = 0; li < c.n_layers; ++li)
-    DSINFER_RETURN_IF_ERROR(EnsureCapacity(li, seq.layers[li], seq.n_tokens + T));
+  std::vector<int32_t> tokens;  // [T] the step's tokens, sequence after sequence
+  for (const Segment& sg : segments) {
+    tokens.insert(tokens.end(), sg.tokens.begin(), sg.tokens.end());
+    for (int li = 0; li < c.n_layers; ++li)
+      DSINFER_RETURN_IF_ERROR(EnsureCapacity(
+          li, sg.seq->layers[li], sg.seq->n_tokens + static_cast<int64_t>(sg.tokens.size())));
+  }
+  const int64_t T = static_cast<int64_t>(tokens.size());
   // H [T, hc, D]: the residual streams.
   DSINFER_ASSIGN_OR_RETURN(float* H, ws_->Get(dev_, Workspace::kH, T * HD));
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok, dev_.Upload(tokens.data(), tokens.size() * 4));
@@ -295,24 +323,38 @@ Status CudaModel::Step(CudaSequence& seq, std::span<const int32_t> tokens, bool 
       CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), dtok.as<const int32_t>(), T, c.hc_mult, D,
                              H, dev_.stream()),
                  "Embed"));
-  // Positions for RoPE: [T] per token, then per attention head and per indexer head.
+  // Positions for RoPE: [T] per row, then per attention head and per indexer head.
   std::vector<int64_t> pos;  // [T * (1 + n_heads + index_n_heads)]
   pos.reserve(static_cast<size_t>(T * (1 + c.n_heads + c.index_n_heads)));
   for (int per : {1, c.n_heads, c.index_n_heads})
-    for (int64_t t = 0; t < T; ++t)
-      pos.insert(pos.end(), static_cast<size_t>(per), seq.n_tokens + t);
+    for (const Segment& sg : segments)
+      for (int64_t t = 0; t < static_cast<int64_t>(sg.tokens.size()); ++t)
+        pos.insert(pos.end(), static_cast<size_t>(per), sg.seq->n_tokens + t);
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.Upload(pos.data(), pos.size() * 8));
   step_.tokens = dtok.as<const int32_t>();
   step_.pos = dpos.as<const int64_t>();
   step_.pos_heads = step_.pos + T;
   step_.pos_index_heads = step_.pos_heads + T * c.n_heads;
-  for (int li = 0; li < c.n_layers; ++li) DSINFER_RETURN_IF_ERROR(Block(li, seq, T, H));
-  seq.n_tokens += T;
-  logits->clear();
-  if (!want_logits) return dev_.Synchronize();
-  const int64_t first = all_logits ? 0 : T - 1;
-  const int64_t n_out = T - first;
-  const float* Hsel = H + first * HD;
+  for (int li = 0; li < c.n_layers; ++li) DSINFER_RETURN_IF_ERROR(Block(li, segments, T, H));
+  for (const Segment& sg : segments) sg.seq->n_tokens += static_cast<int64_t>(sg.tokens.size());
+
+  // Head over the rows the sequences asked for, gathered contiguously.
+  int64_t n_out = 0;
+  for (const Segment& sg : segments)
+    if (sg.want_logits) n_out += sg.all_logits ? static_cast<int64_t>(sg.tokens.size()) : 1;
+  if (n_out == 0) return dev_.Synchronize();
+  DSINFER_ASSIGN_OR_RETURN(float* Hsel, ws_->Get(dev_, Workspace::kHsel, n_out * HD));
+  int64_t at = 0;
+  for (const Segment& sg : segments) {
+    if (!sg.want_logits) continue;
+    const int64_t n = static_cast<int64_t>(sg.tokens.size());
+    const int64_t first = sg.all_logits ? 0 : n - 1;
+    DSINFER_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(Hsel + at * HD, H + (sg.row + first) * HD,
+                                                       static_cast<size_t>((n - first) * HD) * 4,
+                                                       cudaMemcpyDeviceToDevice, dev_.stream()),
+                                       "head rows"));
+    at += n - first;
+  }
   DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kHead, n_out * D));
   DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, n_out * (c.hc_mult + 1)));
   HcShape hs;
@@ -329,11 +371,20 @@ Status CudaModel::Step(CudaSequence& seq, std::span<const int32_t> tokens, bool 
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, y, n_out, D, norm_.as<float>(), c.norm_eps, rb));
   DSINFER_ASSIGN_OR_RETURN(float* dl, ws_->Get(dev_, Workspace::kLogits, n_out * c.vocab_size));
   DSINFER_RETURN_IF_ERROR(MatMul(dev_, head_, y, n_out, dl));
-  logits->resize(static_cast<size_t>(n_out * c.vocab_size));
-  return dev_.CopyToHost(logits->data(), dl, logits->size() * 4);
+  std::vector<float> logits(static_cast<size_t>(n_out * c.vocab_size));  // [n_out, vocab]
+  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(logits.data(), dl, logits.size() * 4));
+  at = 0;
+  for (const Segment& sg : segments) {
+    if (!sg.want_logits) continue;
+    const int64_t k = sg.all_logits ? static_cast<int64_t>(sg.tokens.size()) : 1;
+    sg.logits->insert(sg.logits->end(), logits.begin() + at * c.vocab_size,
+                      logits.begin() + (at + k) * c.vocab_size);
+    at += k;
+  }
+  return Status::Ok();
 }
 
-Status CudaModel::Block(int li, CudaSequence& seq, int64_t T, float* H) {
+Status CudaModel::Block(int li, std::span<Segment> segments, int64_t T, float* H) {
   const model::ModelConfig& c = config();
   const DeviceLayer& d = *layers_[li];
   const int64_t D = c.hidden;
@@ -353,7 +404,7 @@ Status CudaModel::Block(int li, CudaSequence& seq, int64_t T, float* H) {
   DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_attn.fn.as<float>(), d.hc_attn.base.as<float>(),
                                 d.hc_attn.scale.as<float>(), H, T, dots, x, mix, rb));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.attn_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_RETURN_IF_ERROR(Attention(li, seq.layers[li], seq.n_tokens, T, x, y));
+  DSINFER_RETURN_IF_ERROR(Attention(li, segments, T, x, y));
   DSINFER_RETURN_IF_ERROR(HcPost(dev_, hs, mix, y, H, T, rb));
   // MoE sub-layer.
   DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_ffn.fn.as<float>(), d.hc_ffn.base.as<float>(),

@@ -11,7 +11,8 @@
 // copied back and rebuilt on the host, and small index buffers are uploaded from pageable
 // memory, so a step synchronises several times per layer.
 //
-// Thread-compatible: one owner thread (the engine's), like CpuModel.
+// Thread-compatible: one owner thread (the engine's), like CpuModel. Not behind the engine or
+// the server yet (docs/SUPPORT.md).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,14 @@ struct CudaSequence {
   const void* owner = nullptr;         // the CudaModel that made it
 };
 
+// One sequence's slice of a batched GPU step (cpu::SequenceChunk's counterpart).
+struct CudaChunk {
+  CudaSequence* seq = nullptr;
+  std::span<const int32_t> tokens;
+  cpu::ForwardOptions options;
+  cpu::ForwardOutput* out = nullptr;
+};
+
 class CudaModel {
  public:
   // Uploads every backbone weight to `dev` (which must outlive the model). MTP layers are not
@@ -83,6 +92,13 @@ class CudaModel {
   Status Forward(CudaSequence& seq, std::span<const int32_t> tokens,
                  const cpu::ForwardOptions& options, cpu::ForwardOutput* out);
 
+  // Several sequences in one step (continuous batching): every projection, the router and each
+  // routed expert run once over all sequences' tokens; window, compressors, indexer selection
+  // and sparse attention run per sequence. Chunks longer than kMaxStepTokens run in rounds.
+  // Results equal running each chunk alone up to fp32 summation order (the kernels depend on the
+  // token count). Everything is validated before any state changes.
+  Status ForwardBatch(std::span<CudaChunk> chunks);
+
   static constexpr int64_t kMaxStepTokens = 256;
 
  private:
@@ -90,17 +106,24 @@ class CudaModel {
   struct Workspace;
   CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numerics numerics);
 
-  Status Step(CudaSequence& seq, std::span<const int32_t> tokens, bool all_logits, bool want_logits,
-              std::vector<float>* logits);
-  Status Block(int li, CudaSequence& seq, int64_t T, float* H);
-  Status Attention(int li, CudaLayerState& ls, int64_t start_pos, int64_t T, const float* x,
-                   float* out);
+  // A sequence's rows in a batched step.
+  struct Segment {
+    CudaSequence* seq = nullptr;
+    std::span<const int32_t> tokens;
+    int64_t row = 0;  // first row in the step
+    bool all_logits = false, want_logits = false;
+    std::vector<float>* logits = nullptr;  // appended to
+  };
+  Status Step(std::span<Segment> segments);
+  Status Block(int li, std::span<Segment> segments, int64_t T, float* H);
+  Status Attention(int li, std::span<Segment> segments, int64_t T, const float* x, float* out);
   Status Moe(int li, int64_t T, const float* x, float* out);
   // y [m, w.rows] = w x with the reference's numerics (QuantLinear in attention.cc).
   Status QuantLinear(const DeviceWeight& w, const float* x, int64_t m, float* y);
+  // One sequence's compressor over its n new tokens (a, g: their projections [n, width]).
   Status CompressorStep(const struct DeviceCompressor& cw, CudaCompressorState& st, int li,
-                        int64_t start_pos, int64_t T, const float* x, int d, float* rows_out,
-                        bool index_keys);
+                        int64_t start_pos, int64_t n, const float* a, const float* g, int d,
+                        float* rows_out, bool index_keys);
   Status EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after);
 
   CudaDevice& dev_;

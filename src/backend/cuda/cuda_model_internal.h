@@ -43,6 +43,7 @@ struct CudaModel::DeviceLayer {
 struct CudaModel::Workspace {
   enum Slot {
     kH,
+    kHsel,
     kX,
     kY,
     kMix,
@@ -58,6 +59,8 @@ struct CudaModel::Workspace {
     kG,
     kAall,
     kGall,
+    kIa,
+    kIg,
     kQi,
     kWts,
     kScores,

@@ -18,8 +18,8 @@ unsigned BlocksFor(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) 
 
 __global__ void EmbedKernel(const uint16_t* embed, const int32_t* tokens, int hc, int64_t D,
                             float* H) {
-  const int64_t t = blockIdx.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= D) return;
   const uint32_t b = embed[static_cast<int64_t>(tokens[t]) * D + i];
   const float v = __int_as_float(static_cast<int>(b << 16));
@@ -61,8 +61,9 @@ __global__ void __launch_bounds__(128)
     RoundTripKernel(float* x, int64_t n, int64_t stride, int block, float amax_floor,
                     float inv_range, float range, float nan_decoded) {
   __shared__ float partial[4];
-  const int64_t row = blockIdx.y;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * block + threadIdx.x;
+  const int64_t n_blocks = (n + block - 1) / block;
+  const int64_t row = blockIdx.x / n_blocks;
+  const int64_t c = (blockIdx.x % n_blocks) * block + threadIdx.x;
   const bool in = threadIdx.x < block && c < n;
   float* p = x + row * stride + c;
   const float v = in ? *p : 0.0f;
@@ -124,8 +125,8 @@ __global__ void HeadRmsNormKernel(float* x, int64_t n, float eps, bool round_bf1
 
 __global__ void SwiGluKernel(const float* g, const float* u, int64_t inter, const float* row_weight,
                              float limit, bool round_bf16, float* h) {
-  const int64_t r = blockIdx.y;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = blockIdx.x;
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (j >= inter) return;
   const int64_t i = r * inter + j;
   float gv = g[i], uv = u[i];
@@ -140,8 +141,8 @@ __global__ void SwiGluKernel(const float* g, const float* u, int64_t inter, cons
 
 __global__ void MoeCombineKernel(const float* y, const int32_t* rows, int K, const float* shared,
                                  int64_t D, bool round_bf16, float* out) {
-  const int64_t t = blockIdx.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= D) return;
   float acc = 0.0f;
   for (int k = 0; k < K; ++k)
@@ -152,24 +153,25 @@ __global__ void MoeCombineKernel(const float* y, const int32_t* rows, int K, con
 
 __global__ void RingGatherKernel(const float* ring, int W, int64_t width, int64_t first_pos,
                                  float* dst) {
-  const int64_t r = blockIdx.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= width) return;
   dst[r * width + i] = ring[((first_pos + r) % W) * width + i];
 }
 
 __global__ void RingScatterKernel(const float* src, int64_t first_row, int64_t first_pos, int W,
                                   int64_t width, float* ring) {
-  const int64_t r = first_row + blockIdx.y;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = first_row + blockIdx.x;
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= width) return;
   ring[((first_pos + r) % W) * width + i] = src[r * width + i];
 }
 
-// Grid of (column blocks, rows) for a row-wise elementwise kernel; rows <= 65535.
+// Grid of (rows, column blocks) for a row-wise elementwise kernel: rows on x (up to 2^31 - 1;
+// y is limited to 65535, which a batched step's rows exceed), columns on y.
 bool RowGrid(int64_t rows, int64_t width, dim3* grid) {
   if (rows <= 0 || width <= 0) return false;
-  *grid = dim3(BlocksFor(width), static_cast<unsigned>(rows));
+  *grid = dim3(static_cast<unsigned>(rows), BlocksFor(width));
   return true;
 }
 
@@ -179,7 +181,7 @@ cudaError_t LaunchEmbed(const uint16_t* embed, const int32_t* tokens, int64_t T,
                         float* H, cudaStream_t stream) {
   dim3 grid;
   if (!RowGrid(T, D, &grid)) return cudaSuccess;
-  if (T > 65535) return cudaErrorInvalidValue;
+  if (T > INT32_MAX) return cudaErrorInvalidValue;
   EmbedKernel<<<grid, kThreads, 0, stream>>>(embed, tokens, hc, D, H);
   return cudaGetLastError();
 }
@@ -202,9 +204,12 @@ cudaError_t LaunchRoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, i
                             float amax_floor, float inv_range, float range, float nan_decoded,
                             cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaSuccess;
-  if (block < 1 || block > 128 || rows > 65535 || n > stride) return cudaErrorInvalidValue;
+  const int64_t n_blocks = (n + block - 1) / block;
+  if (block < 1 || block > 128 || n > stride || rows * n_blocks > INT32_MAX)
+    return cudaErrorInvalidValue;
   const int threads = ((block + 31) / 32) * 32;
-  dim3 grid(static_cast<unsigned>((n + block - 1) / block), static_cast<unsigned>(rows));
+  // One flat grid of rows x column blocks (a batched step has more rows than grid.y allows).
+  const unsigned grid = static_cast<unsigned>(rows * n_blocks);
   RoundTripKernel<kMantissaBits, kMinNormalExponent><<<grid, threads, 0, stream>>>(
       x, n, stride, block, amax_floor, inv_range, range, nan_decoded);
   return cudaGetLastError();
@@ -246,7 +251,7 @@ cudaError_t LaunchSwiGlu(const float* g, const float* u, int64_t rows, int64_t i
                          cudaStream_t stream) {
   dim3 grid;
   if (!RowGrid(rows, inter, &grid)) return cudaSuccess;
-  if (rows > 65535) return cudaErrorInvalidValue;
+  if (rows > INT32_MAX) return cudaErrorInvalidValue;
   SwiGluKernel<<<grid, kThreads, 0, stream>>>(g, u, inter, row_weight, limit, round_bf16, h);
   return cudaGetLastError();
 }
@@ -256,7 +261,7 @@ cudaError_t LaunchMoeCombine(const float* y, const int32_t* rows, int K, const f
                              cudaStream_t stream) {
   dim3 grid;
   if (!RowGrid(T, D, &grid)) return cudaSuccess;
-  if (T > 65535) return cudaErrorInvalidValue;
+  if (T > INT32_MAX) return cudaErrorInvalidValue;
   MoeCombineKernel<<<grid, kThreads, 0, stream>>>(y, rows, K, shared, D, round_bf16, out);
   return cudaGetLastError();
 }
@@ -265,7 +270,7 @@ cudaError_t LaunchRingGather(const float* ring, int W, int64_t width, int64_t fi
                              float* dst, cudaStream_t stream) {
   dim3 grid;
   if (!RowGrid(n, width, &grid)) return cudaSuccess;
-  if (n > 65535 || W < 1 || first_pos < 0) return cudaErrorInvalidValue;
+  if (n > INT32_MAX || W < 1 || first_pos < 0) return cudaErrorInvalidValue;
   RingGatherKernel<<<grid, kThreads, 0, stream>>>(ring, W, width, first_pos, dst);
   return cudaGetLastError();
 }
