@@ -85,11 +85,13 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
   if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
     return InvalidArgument("CudaModel: index_head_dim must be a power of two <= 4096");
   auto m = std::unique_ptr<CudaModel>(new CudaModel(dev, weights, numerics));
-  int64_t free_before = 0, total = 0;
+  // The weights' footprint: the drop in free device memory over the upload (the pool's
+  // granularity included).
+  int64_t free_before = 0;
   {
     size_t f = 0, t = 0;
     if (dev.Activate().ok() && cudaMemGetInfo(&f, &t) == cudaSuccess)
-      free_before = static_cast<int64_t>(f), total = static_cast<int64_t>(t);
+      free_before = static_cast<int64_t>(f);
   }
   DSINFER_ASSIGN_OR_RETURN(
       m->embed_, dev.Upload(weights.embed.data, static_cast<size_t>(c.vocab_size) * c.hidden * 2));
@@ -157,7 +159,6 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
   size_t f = 0, t = 0;
   if (free_before > 0 && cudaMemGetInfo(&f, &t) == cudaSuccess)
     m->weight_bytes_ = free_before - static_cast<int64_t>(f);
-  (void)total;
   return m;
 }
 

@@ -78,7 +78,7 @@ class CudaModel {
 
   const model::ModelConfig& config() const { return weights_.config(); }
   const Numerics& numerics() const { return numerics_; }
-  // Device bytes of the uploaded weights.
+  // Device memory the weight upload took (the drop in free memory, pool granularity included).
   int64_t weight_bytes() const { return weight_bytes_; }
   // What the last step read (routed experts that received a token, KV rows), for benchmarks.
   const cpu::StepStats& last_step_stats() const { return step_stats_; }

@@ -107,6 +107,18 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The warp's sums acc[j] of one weight row for its first m tokens: out[j * stride].
+template <int kMaxRows>
+__device__ __forceinline__ void StoreRowSums(const float* acc, int m, int lane, float* out,
+                                             int64_t stride) {
+#pragma unroll
+  for (int j = 0; j < kMaxRows; ++j) {
+    if (j >= m) break;
+    const float sum = WarpSum(acc[j]);
+    if (lane == 0) out[j * stride] = sum;
+  }
+}
+
 // Decode (m <= kGemvMaxM tokens): one warp per weight row, the row is read once for all tokens.
 constexpr int kGemvMaxM = 8;
 template <Format F>
@@ -122,20 +134,14 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < kGemvMaxM; ++j)
       if (j < m) acc[j] = fmaf(wv, x[j * w.cols + c], acc[j]);
   }
-#pragma unroll
-  for (int j = 0; j < kGemvMaxM; ++j) {
-    if (j >= m) break;
-    const float s = WarpSum(acc[j]);
-    if (lane == 0) y[j * w.rows + r] = s;
-  }
+  StoreRowSums<kGemvMaxM>(acc, m, lane, y + r, w.rows);
 }
 
-// ---- vectorised decode-shaped kernels
-// ------------------------------------------------------------- Each lane reads 16 bytes of a
-// weight row per load (4 f32, 8 bf16, 16 e4m3 or 32 e2m1), so a warp moves 512 contiguous bytes per
-// instruction instead of 32-128: the scalar kernels above were bound by the number of loads in
-// flight, not by bandwidth (docs/PERF.md, GPU section). Used when every row starts on a 16-byte
-// boundary (row bytes and the base pointers aligned).
+// ---- vectorised decode-shaped kernels ---------------------------------------------------------
+// Each lane reads 16 bytes of a weight row per load (4 f32, 8 bf16, 16 e4m3 or 32 e2m1), so a
+// warp moves 512 contiguous bytes per instruction instead of 32-128: the scalar kernels above
+// were bound by the number of loads in flight, not by bandwidth (docs/PERF.md, GPU section).
+// Used when every row starts on a 16-byte boundary (row bytes and the base pointers aligned).
 template <Format F>
 constexpr int kVecElems = F == Format::kF32        ? 4
                           : F == Format::kBF16     ? 8
@@ -212,12 +218,7 @@ __global__ void __launch_bounds__(256)
     LoadWVec<F>(w, r, c0, wv);
     AccumulateVec<E, kGemvMaxM>(wv, xrows, m, c0, acc);
   }
-#pragma unroll
-  for (int j = 0; j < kGemvMaxM; ++j) {
-    if (j >= m) break;
-    const float sum = WarpSum(acc[j]);
-    if (lane == 0) y[j * w.rows + r] = sum;
-  }
+  StoreRowSums<kGemvMaxM>(acc, m, lane, y + r, w.rows);
 }
 
 // Whether the vectorised kernels apply: 16-byte aligned rows of whole 16-byte chunks, and an
