@@ -13,6 +13,10 @@
 #                               ~12 GB; reused when a previous run completed it)
 #   DSINFER_NVIDIA_SMI          the nvidia-smi to ask (default: nvidia-smi on PATH)
 #   DSINFER_GPU_CHECK_PLAN_ONLY =1: print the detected architectures and the plan, build nothing
+#   DSINFER_GPU_CHECK_PREBUILT  a directory holding dsinfer, test_cuda, test_backend and
+#                               gpu_model_bench built elsewhere for this GPU (and, optionally, lib/
+#                               with shared libraries they need): configure and build are skipped,
+#                               for machines without the build dependencies (no package registry)
 # Without a GPU (no nvidia-smi, or it lists no device) it says so and exits 0: there is nothing
 # to check. It exits 1 when a step fails or runs out of time, 0 when every step passed.
 set -uo pipefail
@@ -130,13 +134,32 @@ step() {
 }
 
 dsinfer="$build/apps/dsinfer"
+test_cuda="$build/tests/test_cuda"
+test_backend="$build/tests/test_backend"
+gpu_bench="$build/bench/gpu_model_bench"
+# The test binaries read their fixtures from this tree, wherever they were built.
+export DSINFER_SOURCE_DIR="$root"
+prebuilt="${DSINFER_GPU_CHECK_PREBUILT:-}"
 # Each cap is an upper bound; the total budget bounds the whole run (a late step gets what is
 # left, or is skipped). The model is written in the background while the test suites run.
-step configure 40 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDSINFER_WERROR=ON -DDSINFER_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs"
-step build 200 cmake --build "$build" --target dsinfer test_cuda test_backend gpu_model_bench \
-  -j "$(nproc)"
+if [[ -n "$prebuilt" ]]; then
+  prebuilt="$(cd "$prebuilt" 2>/dev/null && pwd)" || prebuilt="${DSINFER_GPU_CHECK_PREBUILT}"
+  dsinfer="$prebuilt/dsinfer" test_cuda="$prebuilt/test_cuda"
+  test_backend="$prebuilt/test_backend" gpu_bench="$prebuilt/gpu_model_bench"
+  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # configure / build: nothing to run, only the binaries to find.
+  step configure 5 bash -c "for b in '$dsinfer' '$test_cuda' '$test_backend' '$gpu_bench'; do
+    [[ -x \"\$b\" ]] || { echo \"prebuilt binary missing: \$b\"; exit 1; }; done
+    echo 'prebuilt binaries from $prebuilt (not configured or built here)'"
+  step build 5 "$dsinfer" --help
+else
+  step configure 40 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDSINFER_WERROR=ON -DDSINFER_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs"
+  step build 200 cmake --build "$build" --target dsinfer test_cuda test_backend gpu_model_bench \
+    -j "$(nproc)"
+fi
 if [[ -x "$dsinfer" ]]; then
+  mkdir -p "$(dirname "$model")"
   # The marker is written only after a complete write, so a killed writer is never reused.
   if [[ ! -f "$model/.gpu-check-complete" ]]; then
     rm -rf "$model"
@@ -145,16 +168,15 @@ if [[ -x "$dsinfer" ]]; then
     model_pid=$!
   fi
 fi
-step test_cuda 60 "$build/tests/test_cuda" --gtest_color=no
-step golden 60 "$build/tests/test_backend" --gtest_filter='TinyPresets/Golden.*' --gtest_color=no
+step test_cuda 90 "$test_cuda" --gtest_color=no
+step golden 60 "$test_backend" --gtest_filter='TinyPresets/Golden.*' --gtest_color=no
 if [[ -n "$model_pid" ]]; then
   # Waits for the background writer (its own timeout is 120 s), then checks it finished.
   step create_model 60 bash -c "while kill -0 $model_pid 2>/dev/null; do sleep 1; done
     cat '$logs/model_writer.log'; test -f '$model/.gpu-check-complete'"
 fi
 step doctor 70 "$dsinfer" doctor --json --time-budget 55
-step gpu_bench 90 "$build/bench/gpu_model_bench" --model "$model" --context 128,4096 --decode 12 \
-  --repeats 3
+step gpu_bench 90 "$gpu_bench" --model "$model" --context 128,4096 --decode 12 --repeats 3
 
 # ---- 3. The report -----------------------------------------------------------------------
 {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,8 +15,13 @@
 
 namespace dsinfer::testing {
 
+// The source tree's fixtures; the environment variable DSINFER_SOURCE_DIR overrides the tree the
+// binary was built from (test binaries built on one machine and run on another, as
+// scripts/gpu-check.sh with DSINFER_GPU_CHECK_PREBUILT does).
 inline std::string GoldenFixtureDir(const std::string& preset) {
-  return std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/golden/" + preset;
+  const char* env = std::getenv("DSINFER_SOURCE_DIR");
+  const std::string root = env != nullptr && *env != '\0' ? env : DSINFER_SOURCE_DIR;
+  return root + "/tests/fixtures/golden/" + preset;
 }
 
 // The tensor `name` of f as a vector of T (empty when absent).

@@ -55,4 +55,38 @@ assert all(s["status"] == "skipped" for s in steps["steps"]), steps
 assert "| doctor | skipped |" in text
 PY
 [[ ! -e "$work/build" ]] || { echo "something was built with the budget spent"; exit 1; }
+
+# 5. Prebuilt binaries (DSINFER_GPU_CHECK_PREBUILT): nothing is configured or built; every step
+# runs the given binaries with their lib/ on the library path and this tree as the fixtures'
+# source. Stand-ins record what they were run with.
+pre="$work/prebuilt"
+mkdir -p "$pre/lib"
+for b in test_cuda test_backend gpu_model_bench; do
+  printf '#!/bin/sh\necho "%s $* src=$DSINFER_SOURCE_DIR lib=$LD_LIBRARY_PATH" >>"%s/calls"\n' \
+    "$b" "$work" >"$pre/$b"
+done
+{
+  echo '#!/bin/sh'
+  echo "echo \"dsinfer \$*\" >>\"$work/calls\""
+  echo 'if [ "$1" = create-demo-model ]; then mkdir -p "$2"; fi'
+  echo 'if [ "$1" = doctor ]; then echo "{\"gpu\": {}}"; fi'
+  echo 'exit 0'
+} >"$pre/dsinfer"
+chmod +x "$pre"/*
+DSINFER_NVIDIA_SMI="$(fake_smi hopper2 9.0)" DSINFER_GPU_CHECK_PREBUILT="$pre" \
+  DSINFER_GPU_CHECK_BUILD="$work/build-pre" "$script" "$work/pre.md" >/dev/null ||
+  { echo "prebuilt run failed"; cat "$work/pre.md"; exit 1; }
+python3 - "$work/pre.md" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+steps = json.loads(re.search(r"## Steps \(JSON\)\n```json\n(.*?)\n```", text, re.S).group(1))
+names = [s["name"] for s in steps["steps"]]
+assert names == ["configure", "build", "test_cuda", "golden", "create_model", "doctor",
+                 "gpu_bench"], names
+assert all(s["status"] == "pass" for s in steps["steps"]), steps
+PY
+grep -q "^test_cuda --gtest_color=no src=$root lib=$pre/lib" "$work/calls"
+grep -q "^gpu_model_bench --model $work/build-pre/bench-model" "$work/calls"
+grep -q "^dsinfer doctor --json" "$work/calls"
+[[ ! -e "$work/build-pre/CMakeCache.txt" ]] || { echo "a prebuilt run configured"; exit 1; }
 echo "gpu-check script ok"
