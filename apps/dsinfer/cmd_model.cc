@@ -151,21 +151,22 @@ int RunLogits(int argc, char** argv) {
   std::vector<float> all;
   all.reserve(ids.size() * vocab);
   size_t step = chunk > 0 ? static_cast<size_t>(chunk) : ids.size();
-  ThreadPool pool(*device >= 0 ? 1 : static_cast<int>(threads));
-  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
-  if (!cpu.ok()) return Fail(cpu.status());
-  auto state = (*cpu)->NewSequence();
   if (*device >= 0) {
     Status st = GpuLogits(*device, *weights, *numerics, ids, step, &all);
     if (!st.ok()) return Fail(st);
-  }
-  for (size_t i = 0; i < ids.size() && *device < 0; i += step) {
-    size_t n = std::min(step, ids.size() - i);
-    backend::cpu::ForwardOutput out;
-    Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n),
-                                {.all_logits = true}, &out);
-    if (!st.ok()) return Fail(st);
-    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  } else {
+    ThreadPool pool(static_cast<int>(threads));
+    auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
+    if (!cpu.ok()) return Fail(cpu.status());
+    auto state = (*cpu)->NewSequence();
+    for (size_t i = 0; i < ids.size(); i += step) {
+      size_t n = std::min(step, ids.size() - i);
+      backend::cpu::ForwardOutput out;
+      Status st = (*cpu)->Forward(*state, std::span<const int32_t>(ids.data() + i, n),
+                                  {.all_logits = true}, &out);
+      if (!st.ok()) return Fail(st);
+      all.insert(all.end(), out.logits.begin(), out.logits.end());
+    }
   }
   io::OwnedTensor t{"logits", DType::kF32, {static_cast<int64_t>(ids.size()), vocab}, {}};
   t.bytes.resize(all.size() * 4);
