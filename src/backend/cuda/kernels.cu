@@ -500,12 +500,9 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < kGroupedTileRows; ++j)
       if (j < count) acc[j] = fmaf(wv, x[xrow[j] + c], acc[j]);
   }
-#pragma unroll
-  for (int j = 0; j < kGroupedTileRows; ++j) {
-    if (j >= count) break;  // count is the same for the whole block
-    const float sum = WarpSum(acc[j]);
-    if (lane == 0) y[static_cast<int64_t>(begin + j) * rows + r] = sum;
-  }
+  // count is the same for the whole block
+  StoreRowSums<kGroupedTileRows>(acc, count, lane, y + static_cast<int64_t>(begin) * rows + r,
+                                 rows);
 }
 
 // GroupedMatMulKernel with 16-byte weight loads (see GemvVecKernel); every expert's data is
@@ -532,12 +529,9 @@ __global__ void __launch_bounds__(256)
     LoadWVec<F>(w, r, c0, wv);
     AccumulateVec<E, kGroupedTileRows>(wv, xrows, count, c0, acc);
   }
-#pragma unroll
-  for (int j = 0; j < kGroupedTileRows; ++j) {
-    if (j >= count) break;  // count is the same for the whole block
-    const float sum = WarpSum(acc[j]);
-    if (lane == 0) y[static_cast<int64_t>(begin + j) * rows + r] = sum;
-  }
+  // count is the same for the whole block
+  StoreRowSums<kGroupedTileRows>(acc, count, lane, y + static_cast<int64_t>(begin) * rows + r,
+                                 rows);
 }
 
 template <Format F>
