@@ -21,8 +21,8 @@ Status CopyD2D(CudaDevice& dev, float* dst, const float* src, int64_t n, const c
       what);
 }
 
-// Columns [col, col + width) of `rows` rows of src (row stride src_stride) into dst (stride
-// dst_stride), all in floats.
+// `width` floats of each of `rows` rows from src (row stride src_stride) to dst (row stride
+// dst_stride): a column slice when src or dst points into a wider matrix.
 Status Copy2D(CudaDevice& dev, float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
               int64_t width, int64_t rows, const char* what) {
   if (rows <= 0 || width <= 0) return Status::Ok();
