@@ -1,14 +1,12 @@
 #include "backend/cuda/cuda_model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_model_internal.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/model_kernels.h"
-#include "backend/cuda/routing.h"
 #include "core/dtype.h"
 
 namespace dsinfer::backend::cuda {
@@ -73,7 +71,14 @@ Result<DeviceWeight> RowSlice(CudaDevice& dev, const model::WeightMatrix& w, con
 }  // namespace
 
 CudaModel::CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numerics numerics)
-    : dev_(dev), weights_(weights), numerics_(numerics), ws_(std::make_unique<Workspace>()) {}
+    : dev_(dev), weights_(weights), numerics_(numerics), ws_(std::make_unique<Workspace>()) {
+  const model::ModelConfig& c = weights.config();
+  hc_shape_.hc = c.hc_mult;
+  hc_shape_.hidden = c.hidden;
+  hc_shape_.sinkhorn_iters = c.hc_sinkhorn_iters;
+  hc_shape_.norm_eps = static_cast<float>(c.norm_eps);
+  hc_shape_.hc_eps = static_cast<float>(c.hc_eps);
+}
 
 CudaModel::~CudaModel() = default;
 
@@ -358,15 +363,9 @@ Status CudaModel::Step(std::span<Segment> segments) {
   }
   DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kHead, n_out * D));
   DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, n_out * (c.hc_mult + 1)));
-  HcShape hs;
-  hs.hc = c.hc_mult;
-  hs.hidden = D;
-  hs.sinkhorn_iters = c.hc_sinkhorn_iters;
-  hs.norm_eps = static_cast<float>(c.norm_eps);
-  hs.hc_eps = static_cast<float>(c.hc_eps);
   const bool rb = numerics_.round_bf16;
   DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchHcHead(hs, hc_head_fn_.as<float>(), hc_head_base_.as<float>(),
+      CudaStatus(LaunchHcHead(hc_shape_, hc_head_fn_.as<float>(), hc_head_base_.as<float>(),
                               hc_head_scale_.as<float>(), Hsel, n_out, dots, y, rb, dev_.stream()),
                  "HcHead"));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, y, n_out, D, norm_.as<float>(), c.norm_eps, rb));
@@ -390,29 +389,24 @@ Status CudaModel::Block(int li, std::span<Segment> segments, int64_t T, float* H
   const DeviceLayer& d = *layers_[li];
   const int64_t D = c.hidden;
   const bool rb = numerics_.round_bf16;
-  HcShape hs;
-  hs.hc = c.hc_mult;
-  hs.hidden = D;
-  hs.sinkhorn_iters = c.hc_sinkhorn_iters;
-  hs.norm_eps = static_cast<float>(c.norm_eps);
-  hs.hc_eps = static_cast<float>(c.hc_eps);
   DSINFER_ASSIGN_OR_RETURN(float* x, ws_->Get(dev_, Workspace::kX, T * D));  // [T, D]
   DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kY, T * D));  // [T, D]
   const int mix_n = 2 * c.hc_mult + c.hc_mult * c.hc_mult;
   DSINFER_ASSIGN_OR_RETURN(float* mix, ws_->Get(dev_, Workspace::kMix, T * mix_n));
   DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, T * (c.HcRows() + 1)));
   // Attention sub-layer.
-  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_attn.fn.as<float>(), d.hc_attn.base.as<float>(),
-                                d.hc_attn.scale.as<float>(), H, T, dots, x, mix, rb));
+  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hc_shape_, d.hc_attn.fn.as<float>(),
+                                d.hc_attn.base.as<float>(), d.hc_attn.scale.as<float>(), H, T, dots,
+                                x, mix, rb));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.attn_norm.as<float>(), c.norm_eps, rb));
   DSINFER_RETURN_IF_ERROR(Attention(li, segments, T, x, y));
-  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hs, mix, y, H, T, rb));
+  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hc_shape_, mix, y, H, T, rb));
   // MoE sub-layer.
-  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hs, d.hc_ffn.fn.as<float>(), d.hc_ffn.base.as<float>(),
+  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hc_shape_, d.hc_ffn.fn.as<float>(), d.hc_ffn.base.as<float>(),
                                 d.hc_ffn.scale.as<float>(), H, T, dots, x, mix, rb));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.ffn_norm.as<float>(), c.norm_eps, rb));
   DSINFER_RETURN_IF_ERROR(Moe(li, T, x, y));
-  return HcPost(dev_, hs, mix, y, H, T, rb);
+  return HcPost(dev_, hc_shape_, mix, y, H, T, rb);
 }
 
 }  // namespace dsinfer::backend::cuda

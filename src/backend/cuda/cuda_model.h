@@ -134,6 +134,7 @@ class CudaModel {
   DeviceWeight head_;                                       // [vocab, hidden] bf16
   DeviceBuffer norm_;                                       // [hidden] f32
   DeviceBuffer hc_head_fn_, hc_head_base_, hc_head_scale_;  // f32 [hc, hc*hidden], [hc], [1]
+  HcShape hc_shape_;                                        // the mHC ops' shape, from the config
   std::unique_ptr<Workspace> ws_;
   // The step in flight's device inputs, uploaded once per step (every layer reads them).
   struct StepInputs {
