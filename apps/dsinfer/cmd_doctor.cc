@@ -247,7 +247,12 @@ json GpuReport(StageRunner& stages) {
                       {"bandwidth_share", probe->read_gbps / std::max(1.0, probe->peak_gbps)},
                       {"gemm_tflops", probe->gemm_tflops},
                       {"gemm_shape", probe->gemm_shape},
-                      {"peak_fp32_tflops", probe->peak_fp32_tflops}};
+                      {"peak_fp32_tflops", probe->peak_fp32_tflops},
+                      {"tc_f16_tflops", probe->tc_f16_tflops},
+                      {"tc_fp8_tflops", probe->tc_fp8_tflops},
+                      {"peak_tensor_f16_tflops", probe->peak_tensor_f16_tflops},
+                      {"peak_tensor_fp8_tflops", probe->peak_tensor_fp8_tflops},
+                      {"tc_decode16_gbps", probe->tc_decode16_gbps}};
       });
       if (!checked) {
         verdict = "unchecked";
@@ -335,10 +340,25 @@ int RunDoctor(int argc, char** argv) {
   const json& gpu = report["gpu"];
   if (gpu.contains("no_gpu_reason"))
     std::printf("GPU: %s\n", gpu["no_gpu_reason"].get<std::string>().c_str());
-  for (const json& d : gpu["devices"])
+  for (const json& d : gpu["devices"]) {
     std::printf("GPU %d: %s (sm_%s): %s %s\n", d["ordinal"].get<int>(),
                 d["name"].get<std::string>().c_str(), d["sm"].get<std::string>().c_str(),
                 d["verdict"].get<std::string>().c_str(), d["why"].get<std::string>().c_str());
+    if (!d.contains("probe")) continue;
+    const json& p = d["probe"];
+    const auto share = [](double v, double peak) { return peak > 0 ? 100.0 * v / peak : 0.0; };
+    std::printf("  memory: read %.0f GB/s = %.1f%% of %.0f GB/s\n", p["read_gbps"].get<double>(),
+                100.0 * p["bandwidth_share"].get<double>(), d["peak_memory_gbps"].get<double>());
+    std::printf(
+        "  %s: generic %.1f TFLOP/s; tensor cores fp16 MMA %.1f (%.1f%% of %.0f), FP8 MMA "
+        "%.1f (%.1f%% of %.0f); 16-token decode GEMM %.0f GB/s of weights\n",
+        p["gemm_shape"].get<std::string>().c_str(), p["gemm_tflops"].get<double>(),
+        p["tc_f16_tflops"].get<double>(),
+        share(p["tc_f16_tflops"].get<double>(), p["peak_tensor_f16_tflops"].get<double>()),
+        p["peak_tensor_f16_tflops"].get<double>(), p["tc_fp8_tflops"].get<double>(),
+        share(p["tc_fp8_tflops"].get<double>(), p["peak_tensor_fp8_tflops"].get<double>()),
+        p["peak_tensor_fp8_tflops"].get<double>(), p["tc_decode16_gbps"].get<double>());
+  }
   std::printf("stages (budget %g s, %.1f s used):", budget_s, stages.Elapsed());
   for (const json& st : stages.stages()) {
     if (st["status"] == "ran")

@@ -6,6 +6,9 @@
 //
 // Usage: gpu_model_bench --model DIR [--context 128,1024] [--batch 1] [--decode 16]
 //                        [--repeats 3] [--numerics official|fp32-reference]
+//                        [--fp8-gemm auto|generic|tensor-f16|tensor-fp8] [--phases 1]
+// --phases 1 adds one more decode pass per (context, batch) with a synchronisation after each
+// phase, and prints where a step's time goes (the timed passes above run without them).
 // Prints one line per (context, repeat) and a median line per context. Exits 0 without a GPU
 // (with the reason), 1 on a failure.
 #include <algorithm>
@@ -13,9 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
@@ -48,9 +53,10 @@ std::vector<int64_t> ParseList(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir, numerics_name = "official";
+  std::string dir, numerics_name = "official", fp8_gemm_name = "auto";
   std::vector<int64_t> contexts = {128, 1024}, batches = {1};
   int decode = 16, repeats = 3;
+  bool phases = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model"))
       dir = argv[i + 1];
@@ -64,17 +70,30 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--numerics"))
       numerics_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--fp8-gemm"))
+      fp8_gemm_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--phases"))
+      phases = std::atoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "gpu_model_bench: unknown flag %s\n", argv[i]);
       return 1;
     }
   }
+  using backend::cuda::Fp8GemmPath;
+  const std::pair<const char*, Fp8GemmPath> kPaths[] = {{"auto", Fp8GemmPath::kAuto},
+                                                        {"generic", Fp8GemmPath::kGeneric},
+                                                        {"tensor-f16", Fp8GemmPath::kTensorF16},
+                                                        {"tensor-fp8", Fp8GemmPath::kTensorFp8}};
+  const auto path_it = std::find_if(std::begin(kPaths), std::end(kPaths),
+                                    [&](const auto& p) { return fp8_gemm_name == p.first; });
   if (dir.empty() || contexts.empty() || batches.empty() ||
       *std::min_element(batches.begin(), batches.end()) < 1 ||
-      (numerics_name != "official" && numerics_name != "fp32-reference")) {
+      (numerics_name != "official" && numerics_name != "fp32-reference") ||
+      path_it == std::end(kPaths)) {
     std::fprintf(stderr,
                  "usage: gpu_model_bench --model DIR [--context 128,1024] [--batch 1] "
-                 "[--decode 16] [--repeats 3] [--numerics official|fp32-reference]\n");
+                 "[--decode 16] [--repeats 3] [--numerics official|fp32-reference] "
+                 "[--fp8-gemm auto|generic|tensor-f16|tensor-fp8] [--phases 1]\n");
     return 1;
   }
   const backend::Numerics numerics = numerics_name == "official"
@@ -97,7 +116,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto t_up = Clock::now();
-  auto m = backend::cuda::CudaModel::Create(**dev, **weights, numerics);
+  auto m = backend::cuda::CudaModel::Create(**dev, **weights, numerics, path_it->second);
   if (!m.ok()) {
     std::fprintf(stderr, "gpu_model_bench: %s\n", m.status().ToString().c_str());
     return 1;
@@ -106,9 +125,10 @@ int main(int argc, char** argv) {
   const int64_t dense = model::DenseDecodeBytes(**weights);
   std::printf(
       "device %s: read probe %.0f GB/s (%.0f%% of the %.0f GB/s peak); model %s, %s "
-      "numerics; %.2f GB on the device, uploaded in %.2f s\n",
+      "numerics, FP8 GEMM %s; %.2f GB on the device, uploaded in %.2f s\n",
       (*dev)->info().name.c_str(), probe->read_gbps, 100 * probe->read_gbps / probe->peak_gbps,
-      probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), (*m)->weight_bytes() / 1e9, upload_s);
+      probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), path_it->first,
+      (*m)->weight_bytes() / 1e9, upload_s);
   std::printf("%8s %5s %6s %12s %12s %10s %12s %10s\n", "context", "batch", "rep", "prefill t/s",
               "decode t/s", "step ms", "roofline ms", "share");
   uint32_t x = 12345;
@@ -160,6 +180,25 @@ int main(int argc, char** argv) {
           }
           const auto& ss = (*m)->last_step_stats();
           bytes.push_back(static_cast<double>(dense + ss.routed_expert_bytes + ss.kv_bytes));
+        }
+        if (phases && r == repeats - 1) {
+          (*m)->EnablePhaseTiming(true);
+          (*m)->ResetPhaseTimes();
+          for (int s = 0; s < decode && st.ok(); ++s) {
+            for (int64_t b = 0; b < batch; ++b) step_ids[b] = next_id();
+            st = (*m)->ForwardBatch(chunks);
+          }
+          (*m)->EnablePhaseTiming(false);
+          if (!st.ok()) {
+            std::fprintf(stderr, "gpu_model_bench: decode: %s\n", st.ToString().c_str());
+            return 1;
+          }
+          const auto& pt = (*m)->phase_times();
+          const double k = 1e3 / decode;
+          std::printf(
+              "  phases per decode step (ms, synchronised): attention dense %.3f, "
+              "attention per sequence %.3f, MoE %.3f, head %.3f\n",
+              pt.attention_dense * k, pt.attention_per_sequence * k, pt.moe * k, pt.head * k);
         }
         const double step = Median(steps);
         const double roof = Median(bytes) / (probe->read_gbps * 1e9);

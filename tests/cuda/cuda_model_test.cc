@@ -227,46 +227,52 @@ std::vector<int32_t> PromptIds(int64_t n, int vocab, uint32_t seed) {
 // quantization itself. So the bound is the quantization's own effect: the GPU must stay closer to
 // the CPU's official result than that is to the fp32 forward. The exactness of each rounding
 // step is checked op by op (CudaQuantOps, bit for bit against core/quant.h).
+// Every FP8 GEMM path the device has is checked: the tensor-core GEMM (the default from 9
+// tokens), the generic kernels and, on sm_89+, the FP8 MMA.
 TEST(CudaModel, OfficialNumericsTrackTheCpu) {
   DEVICE_OR_SKIP(dev);
-  for (const char* preset : {"tiny-a", "tiny-b", "tiny-c"}) {
-    const auto& weights = dsinfer::testing::PresetWeights(preset, 1);
-    const int64_t V = weights.config().vocab_size;
-    ThreadPool pool(2);
-    auto cpu_off = cpu::CpuModel::Create(weights, Numerics::Official(), pool);
-    auto cpu_f32 = cpu::CpuModel::Create(weights, Numerics::Fp32Reference(), pool);
-    auto gpu_off = CudaModel::Create(*dev, weights, Numerics::Official());
-    ASSERT_TRUE(cpu_off.ok() && cpu_f32.ok());
-    ASSERT_TRUE(gpu_off.ok()) << gpu_off.status().ToString();
-    for (int64_t len : {1, 7, 37, 300}) {
-      auto ids = PromptIds(len, static_cast<int>(V), 77u + static_cast<uint32_t>(len));
-      cpu::ForwardOutput a, b, g;
-      auto sa = (*cpu_off)->NewSequence();
-      auto sb = (*cpu_f32)->NewSequence();
-      auto sg = (*gpu_off)->NewSequence();
-      ASSERT_TRUE(sg.ok());
-      ASSERT_TRUE((*cpu_off)->Forward(*sa, ids, {.all_logits = true}, &a).ok());
-      ASSERT_TRUE((*cpu_f32)->Forward(*sb, ids, {.all_logits = true}, &b).ok());
-      Status st = (*gpu_off)->Forward(**sg, ids, {.all_logits = true}, &g);
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      ASSERT_EQ(g.logits.size(), a.logits.size());
-      double worst_gpu = 0, worst_quant = 0;
-      int argmax_same = 0;
-      for (int64_t t = 0; t < len; ++t) {
-        const float* ga = g.logits.data() + t * V;
-        const float* ca = a.logits.data() + t * V;
-        worst_gpu = std::max(worst_gpu, CompareLogits(ga, ca, V).nmse);
-        worst_quant = std::max(worst_quant, CompareLogits(ca, b.logits.data() + t * V, V).nmse);
-        argmax_same += ArgMax(ga, V) == ArgMax(ca, V);
+  std::vector<std::pair<const char*, Fp8GemmPath>> paths = {{"default", Fp8GemmPath::kAuto},
+                                                            {"generic", Fp8GemmPath::kGeneric}};
+  if (dev->info().Sm() >= 89) paths.push_back({"fp8 mma", Fp8GemmPath::kTensorFp8});
+  for (auto [path_name, path] : paths)
+    for (const char* preset : {"tiny-a", "tiny-b", "tiny-c"}) {
+      const auto& weights = dsinfer::testing::PresetWeights(preset, 1);
+      const int64_t V = weights.config().vocab_size;
+      ThreadPool pool(2);
+      auto cpu_off = cpu::CpuModel::Create(weights, Numerics::Official(), pool);
+      auto cpu_f32 = cpu::CpuModel::Create(weights, Numerics::Fp32Reference(), pool);
+      auto gpu_off = CudaModel::Create(*dev, weights, Numerics::Official(), path);
+      ASSERT_TRUE(cpu_off.ok() && cpu_f32.ok());
+      ASSERT_TRUE(gpu_off.ok()) << gpu_off.status().ToString();
+      for (int64_t len : {1, 7, 37, 300}) {
+        auto ids = PromptIds(len, static_cast<int>(V), 77u + static_cast<uint32_t>(len));
+        cpu::ForwardOutput a, b, g;
+        auto sa = (*cpu_off)->NewSequence();
+        auto sb = (*cpu_f32)->NewSequence();
+        auto sg = (*gpu_off)->NewSequence();
+        ASSERT_TRUE(sg.ok());
+        ASSERT_TRUE((*cpu_off)->Forward(*sa, ids, {.all_logits = true}, &a).ok());
+        ASSERT_TRUE((*cpu_f32)->Forward(*sb, ids, {.all_logits = true}, &b).ok());
+        Status st = (*gpu_off)->Forward(**sg, ids, {.all_logits = true}, &g);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_EQ(g.logits.size(), a.logits.size());
+        double worst_gpu = 0, worst_quant = 0;
+        int argmax_same = 0;
+        for (int64_t t = 0; t < len; ++t) {
+          const float* ga = g.logits.data() + t * V;
+          const float* ca = a.logits.data() + t * V;
+          worst_gpu = std::max(worst_gpu, CompareLogits(ga, ca, V).nmse);
+          worst_quant = std::max(worst_quant, CompareLogits(ca, b.logits.data() + t * V, V).nmse);
+          argmax_same += ArgMax(ga, V) == ArgMax(ca, V);
+        }
+        std::printf(
+            "[gpu %s official, %s GEMM, %lld tokens] NMSE vs CPU official %.3g; CPU official vs "
+            "fp32 %.3g; argmax agrees at %d/%lld positions\n",
+            preset, path_name, static_cast<long long>(len), worst_gpu, worst_quant, argmax_same,
+            static_cast<long long>(len));
+        EXPECT_LE(worst_gpu, worst_quant) << preset << " " << path_name << " " << len << " tokens";
       }
-      std::printf(
-          "[gpu %s official, %lld tokens] NMSE vs CPU official %.3g; CPU official vs "
-          "fp32 %.3g; argmax agrees at %d/%lld positions\n",
-          preset, static_cast<long long>(len), worst_gpu, worst_quant, argmax_same,
-          static_cast<long long>(len));
-      EXPECT_LE(worst_gpu, worst_quant) << preset << " " << len << " tokens";
     }
-  }
 }
 
 // One call (cut into 256-token steps inside), ragged chunks and one token at a time give the

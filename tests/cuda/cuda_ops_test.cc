@@ -5,13 +5,18 @@
 // no-device report) always run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/conformance.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/paths.h"
+#include "backend/random_weights.h"
 #include "device_test_util.h"
 
 namespace dsinfer::backend::cuda {
@@ -116,6 +121,63 @@ TEST(CudaFp4Experts, ReblockedToFp8MatchesCpuFp4) {
                                {64, 4096, 2048},
                                {129, 128, 128}})
     ExpectPass(CheckReblockedFp4MatMul(*dev, m, rows, cols, 11));
+}
+
+// The tensor-core GEMM of the official numerics: its act quant bit for bit, then both MMAs
+// against the CPU over token counts around the 64-token tile and the GEMV limit, rows off the
+// 64-row tile, K below one scale block, a partial last block and checkpoint-sized K (split K).
+TEST(CudaTcMatMul, ActQuantCodesMatchCpuBitForBit) {
+  DEVICE_OR_SKIP(dev);
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 16}, {5, 128}, {3, 1000}, {64, 4096}})
+    ExpectPass(CheckActQuantCodes(*dev, rows, n, static_cast<uint32_t>(rows + n)));
+}
+
+TEST(CudaTcMatMul, MatchesCpuOnTheActQuantRoundTrip) {
+  DEVICE_OR_SKIP(dev);
+  std::vector<TcMma> mmas = {TcMma::kF16};
+  if (dev->info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
+  for (TcMma mma : mmas) {
+    double worst = 0;
+    for (int64_t m : {9, 16, 64, 65, 300})
+      for (int64_t rows : {64, 130, 1024})
+        for (int64_t cols : {16, 96, 128, 4096}) {
+          CheckResult r =
+              CheckTcMatMul(*dev, mma, m, rows, cols, static_cast<uint32_t>(m * 7 + rows + cols));
+          EXPECT_TRUE(r.ok) << r.op << " " << r.shape << ": " << r.detail;
+          worst = std::max(worst, r.budget_share);
+        }
+    std::printf("  tc-matmul/%s: worst budget share %.3g over 60 shapes\n",
+                mma == TcMma::kFp8 ? "fp8-mma" : "f16-mma", worst);
+  }
+}
+
+TEST(CudaTcMatMul, RefusesWhatItCannotRun) {
+  DEVICE_OR_SKIP(dev);
+  std::mt19937 rng(3);
+  auto upload = [&](model::WeightFormat f, int64_t cols) {
+    HostWeight w = RandomWeight(rng, f, 64, cols, {.name = "refuse.w"});
+    auto d = UploadWeight(*dev, w.view);
+    EXPECT_TRUE(d.ok());
+    return std::move(d).value();
+  };
+  auto x = dev->Alloc(64 * 4096 * 4);
+  auto y = dev->Alloc(64 * 64 * 4);
+  ASSERT_TRUE(x.ok() && y.ok());
+  // Not FP8, and FP8 rows that are not whole 16-byte chunks: InvalidArgument, nothing launched.
+  for (auto [f, cols] : {std::pair{model::WeightFormat::kBF16, int64_t{128}},
+                         {model::WeightFormat::kFp4Packed, 128},
+                         {model::WeightFormat::kFp8Block, 100}}) {
+    DeviceWeight w = upload(f, cols);
+    EXPECT_EQ(TcMatMul(*dev, w, x->as<float>(), 16, y->as<float>(), TcMma::kF16).code(),
+              StatusCode::kInvalidArgument);
+  }
+  DeviceWeight w = upload(model::WeightFormat::kFp8Block, 256);
+  if (dev->info().Sm() < 89) {
+    EXPECT_EQ(TcMatMul(*dev, w, x->as<float>(), 16, y->as<float>(), TcMma::kFp8).code(),
+              StatusCode::kFailedPrecondition);
+  }
+  EXPECT_TRUE(TcMatMul(*dev, w, x->as<float>(), 0, y->as<float>(), TcMma::kF16).ok());
+  EXPECT_TRUE(dev->Synchronize().ok());
 }
 
 TEST(CudaRmsNorm, MatchesCpu) {

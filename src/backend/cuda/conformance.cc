@@ -120,6 +120,41 @@ std::string FormatName(model::WeightFormat f, bool f32_scales) {
   return "?";
 }
 
+// Budgets are relative to sum_k |x[i, k] * w[n, k]| per output element [m, rows] (exactly
+// dequantized weights, in double).
+std::vector<double> SumAbsProducts(const model::WeightMatrix& w, const std::vector<float>& x,
+                                   int64_t m) {
+  const int64_t rows = w.rows, cols = w.cols;
+  std::vector<double> sum_abs(static_cast<size_t>(m * rows), 0.0);
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  for (int64_t n = 0; n < rows; ++n) {
+    cpu::DequantRow(w, n, wrow.data());
+    for (int64_t i = 0; i < m; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < cols; ++k)
+        s += std::fabs(static_cast<double>(x[i * cols + k]) * wrow[k]);
+      sum_abs[i * rows + n] = s;
+    }
+  }
+  return sum_abs;
+}
+
+// Normal floats spread over many binades (2^-30 .. 2^20) with exact zeros, grid ties of e2m1
+// (2.5) and e4m3 (-9) and one NaN: the inputs of the bit-exact rounding checks.
+std::vector<float> WideRangeFloats(std::mt19937& rng, int64_t n) {
+  std::vector<float> x = RandomFloats(rng, n, 1.0f);
+  std::uniform_int_distribution<int> exp_dist(-30, 20), pick(0, 15);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::ldexp(x[i], exp_dist(rng));
+    const int p = pick(rng);
+    if (p == 0) x[i] = 0.0f;
+    if (p == 1) x[i] = 2.5f;   // an e2m1 tie (2 | 3) once the block's scale is 1
+    if (p == 2) x[i] = -9.0f;  // an e4m3 tie at scale 1/4 .. 1 (8 | 10)
+  }
+  if (!x.empty()) x[x.size() / 2] = std::nanf("");
+  return x;
+}
+
 // GPU MatMul of `gpu_weight` vs CPU MatMul of `cpu_weight` (same values, maybe other formats).
 CheckResult CompareMatMul(CudaDevice& dev, CheckResult r, const model::WeightMatrix& cpu_weight,
                           const model::WeightMatrix& gpu_weight, int64_t m, std::mt19937& rng) {
@@ -128,18 +163,7 @@ CheckResult CompareMatMul(CudaDevice& dev, CheckResult r, const model::WeightMat
   std::vector<float> y_cpu(static_cast<size_t>(m * rows));   // [m, rows]
   ThreadPool pool(2);
   cpu::MatMul(cpu_weight, x.data(), m, y_cpu.data(), pool);
-  // Budgets from sum |x * w| per output element (exactly dequantized weights, in double).
-  std::vector<double> sum_abs(static_cast<size_t>(m * rows), 0.0);
-  std::vector<float> wrow(static_cast<size_t>(cols));
-  for (int64_t n = 0; n < rows; ++n) {
-    cpu::DequantRow(cpu_weight, n, wrow.data());
-    for (int64_t i = 0; i < m; ++i) {
-      double s = 0;
-      for (int64_t k = 0; k < cols; ++k)
-        s += std::fabs(static_cast<double>(x[i * cols + k]) * wrow[k]);
-      sum_abs[i * rows + n] = s;
-    }
-  }
+  const std::vector<double> sum_abs = SumAbsProducts(cpu_weight, x, m);
   ASSIGN_OR_FAIL(DeviceWeight dw, UploadWeight(dev, gpu_weight));
   ASSIGN_OR_FAIL(DeviceBuffer dx, dev.Upload(x.data(), x.size() * 4));
   ASSIGN_OR_FAIL(GuardedOutput dy, GuardedOutput::Make(dev, m * rows, nullptr));
@@ -373,17 +397,7 @@ CheckResult CheckActivationRounding(CudaDevice& dev, const std::string& kind, in
   r.op = "act-rounding/" + kind;
   r.shape = Shape({{"rows", rows}, {"n", n}, {"stride", stride}, {"block", block}});
   std::mt19937 rng(seed);
-  std::vector<float> x = RandomFloats(rng, rows * stride, 1.0f);  // [rows, stride]
-  // Many binades per block (2^-30 .. 2^20), exact zeros, grid ties and one NaN.
-  std::uniform_int_distribution<int> exp_dist(-30, 20), pick(0, 15);
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = std::ldexp(x[i], exp_dist(rng));
-    const int p = pick(rng);
-    if (p == 0) x[i] = 0.0f;
-    if (p == 1) x[i] = 2.5f;   // an e2m1 tie (2 | 3) once the block's scale is 1
-    if (p == 2) x[i] = -9.0f;  // an e4m3 tie at scale 1/4 .. 1 (8 | 10)
-  }
-  if (!x.empty()) x[x.size() / 2] = std::nanf("");
+  const std::vector<float> x = WideRangeFloats(rng, rows * stride);  // [rows, stride]
   std::vector<float> want = x;
   for (int64_t row = 0; row < rows; ++row) {
     float* p = want.data() + row * stride;
@@ -406,6 +420,74 @@ CheckResult CheckActivationRounding(CudaDevice& dev, const std::string& kind, in
         (!std::isnan(want[i]) && std::memcmp(&want[i], &got[i], 4) != 0))
       cmp.Add("x", i, got[i], want[i], 0.0);
   }
+  cmp.Finish(&r);
+  return r;
+}
+
+// ---- the tensor-core GEMM of the official numerics ----------------------------------------------
+
+CheckResult CheckActQuantCodes(CudaDevice& dev, int64_t rows, int64_t n, uint32_t seed) {
+  CheckResult r;
+  r.op = "act-quant/fp8-codes";
+  r.shape = Shape({{"rows", rows}, {"n", n}});
+  std::mt19937 rng(seed);
+  const std::vector<float> x = WideRangeFloats(rng, rows * n);  // [rows, n]
+  const int64_t n_blocks = (n + 127) / 128;
+  std::vector<uint8_t> want_codes(static_cast<size_t>(rows * n));        // [rows, n] e4m3
+  std::vector<float> want_scales(static_cast<size_t>(rows * n_blocks));  // [rows, n_blocks]
+  for (int64_t row = 0; row < rows; ++row)
+    ActQuantFp8(x.data() + row * n, static_cast<int>(n), 128, want_codes.data() + row * n,
+                want_scales.data() + row * n_blocks);
+  ASSIGN_OR_FAIL(DeviceBuffer dx, dev.Upload(x.data(), x.size() * 4));
+  // Codes in a guarded float buffer (4 codes per float); unwritten bytes stay 0xff.
+  ASSIGN_OR_FAIL(GuardedOutput dcodes, GuardedOutput::Make(dev, (rows * n + 3) / 4, nullptr));
+  ASSIGN_OR_FAIL(GuardedOutput dscales, GuardedOutput::Make(dev, rows * n_blocks, nullptr));
+  CHECK_OK_OR_FAIL(CudaStatus(
+      LaunchActQuantFp8(dx.as<float>(), rows, n, reinterpret_cast<uint8_t*>(dcodes.ptr()),
+                        dscales.ptr(), dev.stream()),
+      r.op.c_str()));
+  std::vector<float> got_codes, got_scales;
+  CHECK_OK_OR_FAIL(dcodes.Fetch(dev, &got_codes));
+  CHECK_OK_OR_FAIL(dscales.Fetch(dev, &got_scales));
+  const auto* codes = reinterpret_cast<const uint8_t*>(got_codes.data());
+  Comparison cmp;  // bit for bit
+  for (int64_t i = 0; i < rows * n; ++i)
+    if (codes[i] != want_codes[i])
+      cmp.Add("code", i, static_cast<float>(codes[i]), static_cast<float>(want_codes[i]), 0.0);
+  for (int64_t i = 0; i < rows * n_blocks; ++i)
+    if (std::memcmp(&got_scales[i], &want_scales[i], 4) != 0)
+      cmp.Add("scale", i, got_scales[i], want_scales[i], 0.0);
+  cmp.Finish(&r);
+  return r;
+}
+
+CheckResult CheckTcMatMul(CudaDevice& dev, TcMma mma, int64_t m, int64_t rows, int64_t cols,
+                          uint32_t seed) {
+  CheckResult r;
+  r.op = mma == TcMma::kFp8 ? "tc-matmul/fp8-mma" : "tc-matmul/f16-mma";
+  r.shape = Shape({{"m", m}, {"rows", rows}, {"cols", cols}});
+  std::mt19937 rng(seed);
+  HostWeight w =
+      RandomWeight(rng, model::WeightFormat::kFp8Block, rows, cols, {.name = "conformance.w"});
+  const std::vector<float> x = RandomFloats(rng, m * cols, 1.0f);  // [m, cols]
+  // The CPU oracle: the act quant's round trip, then the fp32 GEMM.
+  std::vector<float> xq = x;
+  for (int64_t i = 0; i < m; ++i)
+    Fp8RoundTripInPlace(xq.data() + i * cols, static_cast<int>(cols), 128);
+  std::vector<float> y_cpu(static_cast<size_t>(m * rows));  // [m, rows]
+  ThreadPool pool(2);
+  cpu::MatMul(w.view, xq.data(), m, y_cpu.data(), pool);
+  const std::vector<double> sum_abs = SumAbsProducts(w.view, xq, m);
+  ASSIGN_OR_FAIL(DeviceWeight dw, UploadWeight(dev, w.view));
+  ASSIGN_OR_FAIL(DeviceBuffer dx, dev.Upload(x.data(), x.size() * 4));
+  ASSIGN_OR_FAIL(GuardedOutput dy, GuardedOutput::Make(dev, m * rows, nullptr));
+  CHECK_OK_OR_FAIL(TcMatMul(dev, dw, dx.as<float>(), m, dy.ptr(), mma));
+  std::vector<float> y_gpu;
+  CHECK_OK_OR_FAIL(dy.Fetch(dev, &y_gpu));
+  const double rel = mma == TcMma::kFp8 ? kTcFp8RelToSumAbs : kMatMulRelToSumAbs;
+  Comparison cmp;
+  for (int64_t i = 0; i < m * rows; ++i)
+    cmp.Add("y", i, y_gpu[i], y_cpu[i], rel * sum_abs[i] + 1e-30);
   cmp.Finish(&r);
   return r;
 }
@@ -918,6 +1000,17 @@ std::vector<CheckResult> RunConformance(CudaDevice& dev) {
     for (auto [hidden, tokens] : {std::pair<int64_t, int64_t>{256, 1}, {1000, 3}, {4096, 9}})
       out.push_back(CheckHc(dev, 4, hidden, tokens, round, seed++));
   }
+  // The tensor-core GEMM (9+ tokens of the official numerics): its act quant bit for bit, then
+  // both MMAs over tiles off the 64 x 64 grid, a partial last K block, split K and a K of 56
+  // scale blocks (wo_b-like).
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{3, 4096}, {9, 96}, {2, 1000}})
+    out.push_back(CheckActQuantCodes(dev, rows, n, seed++));
+  std::vector<TcMma> mmas = {TcMma::kF16};
+  if (dev.info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
+  for (TcMma mma : mmas)
+    for (const Mm& s : {Mm{9, 70, 96}, Mm{67, 130, 224}, Mm{130, 2048, 1024}, Mm{16, 4096, 4096},
+                        Mm{200, 256, 7168}})
+      out.push_back(CheckTcMatMul(dev, mma, s.m, s.rows, s.cols, seed++));
   AppendV4OpConformance(dev, &seed, &out);
   // The official numerics' activation rounding: act quant (block 128), KV nope dims (block 64 of
   // a wider row), indexer keys / queries (Hadamard then FP4 block 32).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/kernels.h"
 #include "model/weights.h"
 
 namespace dsinfer::backend::cuda {
@@ -19,6 +20,11 @@ namespace dsinfer::backend::cuda {
 // A length-K fp32 dot product has a rounding error well below u*sqrt(K)*sum|x*w| on each side
 // (u = 2^-24); 1e-5 of sum|x*w| is > 20x that for K = 8192.
 inline constexpr double kMatMulRelToSumAbs = 1e-5;
+// The tensor-core GEMM's e4m3 MMA sums its 32 exact products inside the instruction with fewer
+// bits than fp32 (Hopper's FP8 MMAs keep about 14, DeepSeek-V3 report §3.3.2). Worst case with a
+// 13-bit aligned adder: each product loses <= 2^-13 of the MMA's largest, so <= 32 * 2^-13 =
+// 2^-8 of sum |x w|. (The fp16 MMA path has fp32 adds and keeps kMatMulRelToSumAbs.)
+inline constexpr double kTcFp8RelToSumAbs = 0x1p-8;
 // fp32 elementwise ops after a reduction (RMSNorm, mHC): relative to the element, plus a floor
 // relative to the row's largest element for cancellation.
 inline constexpr double kElementwiseRel = 2e-5;
@@ -76,6 +82,14 @@ CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, in
 CheckResult CheckActivationRounding(CudaDevice& dev, const std::string& kind, int64_t rows,
                                     int64_t n, int64_t stride, int block, bool round_bf16,
                                     uint32_t seed);
+
+// The act quant in front of the tensor-core GEMM (LaunchActQuantFp8) vs core/quant.h
+// ActQuantFp8: codes and scales bit for bit, over many binades with zeros, ties and a NaN.
+CheckResult CheckActQuantCodes(CudaDevice& dev, int64_t rows, int64_t n, uint32_t seed);
+// The tensor-core GEMM (ops.h TcMatMul) on FP8 weights vs the CPU's MatMul on the act quant's
+// round trip of the same activations.
+CheckResult CheckTcMatMul(CudaDevice& dev, TcMma mma, int64_t m, int64_t rows, int64_t cols,
+                          uint32_t seed);
 
 // The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
 // what `dsinfer doctor` runs. A few seconds on any supported GPU.

@@ -170,6 +170,7 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
   }
 
   // ---- per sequence: its pool, compressors, indexer selection and sparse attention.
+  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.attention_dense));
   DSINFER_ASSIGN_OR_RETURN(float* o, ws_->Get(dev_, Workspace::kO, T * H * hd));  // [T, H, hd]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (const Segment& sg : segments) {
@@ -268,6 +269,7 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
   DSINFER_RETURN_IF_ERROR(
       ApplyRope(dev_, o, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, true, rb));
 
+  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.attention_per_sequence));
   // ---- grouped output projection: wo_a per group (no act quant), then wo_b.
   const int G = c.o_groups;
   const int64_t group_in = int64_t{H / G} * hd, L = c.o_lora_rank;
@@ -284,7 +286,7 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchScaleRound(z, T * G * L, 1.0f, true, dev_.stream()), "round z"));
   DSINFER_RETURN_IF_ERROR(QuantLinear(d.wo_b, z, T, out));
-  return Status::Ok();  // buffers freed on return are released in stream order
+  return MarkPhase(&phase_times_.attention_dense);  // buffers freed on return: stream order
 }
 
 Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
@@ -385,14 +387,14 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
     DSINFER_ASSIGN_OR_RETURN(float* sg, ws_->Get(dev_, Workspace::kSharedGate, T * inter));
     DSINFER_ASSIGN_OR_RETURN(float* su, ws_->Get(dev_, Workspace::kSharedUp, T * inter));
     DSINFER_ASSIGN_OR_RETURN(shared, ws_->Get(dev_, Workspace::kSharedOut, T * D));
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w1, xq, T, sg));
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w3, xq, T, su));
+    DSINFER_RETURN_IF_ERROR(MatMulQuantized(d.shared_w1, xq, T, sg));
+    DSINFER_RETURN_IF_ERROR(MatMulQuantized(d.shared_w3, xq, T, su));
     DSINFER_RETURN_IF_ERROR(CudaStatus(
         LaunchSwiGlu(sg, su, T, inter, nullptr, limit, rb, sg, dev_.stream()), "shared SwiGLU"));
     if (nm.quantize_activations)
       DSINFER_RETURN_IF_ERROR(CudaStatus(
           LaunchFp8RoundTrip(sg, T, inter, inter, c.act_block, dev_.stream()), "shared quant"));
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.shared_w2, sg, T, shared));
+    DSINFER_RETURN_IF_ERROR(MatMulQuantized(d.shared_w2, sg, T, shared));
     if (rb)
       DSINFER_RETURN_IF_ERROR(
           CudaStatus(LaunchScaleRound(shared, T * D, 1.0f, true, dev_.stream()), "round shared"));

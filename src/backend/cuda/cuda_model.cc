@@ -84,12 +84,27 @@ CudaModel::~CudaModel() = default;
 
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
                                                      const model::ModelWeights& weights,
-                                                     Numerics numerics) {
+                                                     Numerics numerics, Fp8GemmPath fp8_gemm) {
   const model::ModelConfig& c = weights.config();
   if (c.hc_mult < 1 || c.hc_mult > 8) return InvalidArgument("CudaModel: hc_mult must be 1..8");
   if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
     return InvalidArgument("CudaModel: index_head_dim must be a power of two <= 4096");
+  if (fp8_gemm == Fp8GemmPath::kTensorFp8 && dev.info().Sm() < 89)
+    return FailedPrecondition("CudaModel: FP8 MMA needs sm_89 or newer");
   auto m = std::unique_ptr<CudaModel>(new CudaModel(dev, weights, numerics));
+  switch (fp8_gemm) {
+    case Fp8GemmPath::kAuto:
+      m->tc_mma_ = DefaultTcMma(dev.info());
+      break;
+    case Fp8GemmPath::kGeneric:
+      break;
+    case Fp8GemmPath::kTensorF16:
+      m->tc_mma_ = TcMma::kF16;
+      break;
+    case Fp8GemmPath::kTensorFp8:
+      m->tc_mma_ = TcMma::kFp8;
+      break;
+  }
   // The weights' footprint: the drop in free device memory over the upload (the pool's
   // granularity included).
   int64_t free_before = 0;
@@ -237,11 +252,25 @@ Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_af
   return Status::Ok();
 }
 
+bool CudaModel::UseTensorCores(const DeviceWeight& w, int64_t m) const {
+  return tc_mma_.has_value() && numerics_.quantize_activations && m >= kTcMinTokens &&
+         config().act_block == 128 && TcMatMulApplies(w.view);
+}
+
+Status CudaModel::MatMulQuantized(const DeviceWeight& w, const float* x, int64_t m, float* y) {
+  // Quantizing a value already on the grid gives back its code and an equivalent scale, so the
+  // tensor-core path computes the same products.
+  if (UseTensorCores(w, m)) return TcMatMul(dev_, w, x, m, y, *tc_mma_);
+  return MatMul(dev_, w, x, m, y);
+}
+
 Status CudaModel::QuantLinear(const DeviceWeight& w, const float* x, int64_t m, float* y) {
   const Numerics& nm = numerics_;
   const bool quantized = w.view.format == DeviceWeightView::Format::kFp8Block ||
                          w.view.format == DeviceWeightView::Format::kFp4Packed;
-  if (quantized && nm.quantize_activations) {
+  if (UseTensorCores(w, m)) {
+    DSINFER_RETURN_IF_ERROR(TcMatMul(dev_, w, x, m, y, *tc_mma_));
+  } else if (quantized && nm.quantize_activations) {
     DSINFER_ASSIGN_OR_RETURN(float* xq, ws_->Get(dev_, Workspace::kQuant, m * w.view.cols));
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(xq, x, static_cast<size_t>(m * w.view.cols) * 4,
@@ -310,10 +339,20 @@ Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
   return Status::Ok();
 }
 
+Status CudaModel::MarkPhase(double* bucket) {
+  if (!time_phases_) return Status::Ok();
+  DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
+  const auto now = std::chrono::steady_clock::now();
+  if (bucket != nullptr) *bucket += std::chrono::duration<double>(now - phase_mark_).count();
+  phase_mark_ = now;
+  return Status::Ok();
+}
+
 Status CudaModel::Step(std::span<Segment> segments) {
   const model::ModelConfig& c = config();
   const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
   step_stats_ = {};
+  DSINFER_RETURN_IF_ERROR(MarkPhase(nullptr));
   std::vector<int32_t> tokens;  // [T] the step's tokens, sequence after sequence
   for (const Segment& sg : segments) {
     tokens.insert(tokens.end(), sg.tokens.begin(), sg.tokens.end());
@@ -373,6 +412,7 @@ Status CudaModel::Step(std::span<Segment> segments) {
   DSINFER_RETURN_IF_ERROR(MatMul(dev_, head_, y, n_out, dl));
   std::vector<float> logits(static_cast<size_t>(n_out * c.vocab_size));  // [n_out, vocab]
   DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(logits.data(), dl, logits.size() * 4));
+  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.head));
   at = 0;
   for (const Segment& sg : segments) {
     if (!sg.want_logits) continue;
@@ -406,7 +446,8 @@ Status CudaModel::Block(int li, std::span<Segment> segments, int64_t T, float* H
                                 d.hc_ffn.scale.as<float>(), H, T, dots, x, mix, rb));
   DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.ffn_norm.as<float>(), c.norm_eps, rb));
   DSINFER_RETURN_IF_ERROR(Moe(li, T, x, y));
-  return HcPost(dev_, hc_shape_, mix, y, H, T, rb);
+  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hc_shape_, mix, y, H, T, rb));
+  return MarkPhase(&phase_times_.moe);
 }
 
 }  // namespace dsinfer::backend::cuda

@@ -15,8 +15,10 @@
 // the server yet (docs/SUPPORT.md).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -67,13 +69,23 @@ struct CudaChunk {
   cpu::ForwardOutput* out = nullptr;
 };
 
+// Which kernels run the official numerics' FP8 linears of kTcMinTokens or more tokens (fewer
+// always run the decode GEMV; the fp32-reference numerics always run the generic kernels).
+enum class Fp8GemmPath : uint8_t {
+  kAuto,       // tensor cores with the device's default MMA (ops.h DefaultTcMma)
+  kGeneric,    // the generic fp32 kernels (weights decoded to fp32)
+  kTensorF16,  // tensor cores, codes widened to fp16
+  kTensorFp8,  // tensor cores, e4m3 MMA (sm_89+)
+};
+
 class CudaModel {
  public:
   // Uploads every backbone weight to `dev` (which must outlive the model). MTP layers are not
   // uploaded: the GPU forward has no MTP step yet.
   static Result<std::unique_ptr<CudaModel>> Create(CudaDevice& dev,
                                                    const model::ModelWeights& weights,
-                                                   Numerics numerics);
+                                                   Numerics numerics,
+                                                   Fp8GemmPath fp8_gemm = Fp8GemmPath::kAuto);
   ~CudaModel();
 
   const model::ModelConfig& config() const { return weights_.config(); }
@@ -84,6 +96,18 @@ class CudaModel {
   const cpu::StepStats& last_step_stats() const { return step_stats_; }
 
   Result<std::unique_ptr<CudaSequence>> NewSequence();
+
+  // Wall time per phase of the steps run since the last reset, when enabled (benchmarks only:
+  // each phase then ends with a device synchronisation, which itself costs a little).
+  struct PhaseTimes {
+    double attention_dense = 0;         // mHC pre, projections, norms, RoPE of every row
+    double attention_per_sequence = 0;  // pools, compressors, indexer, sparse attention
+    double moe = 0;                     // mHC post / pre, router, routed and shared experts
+    double head = 0;                    // last mHC post, head mHC, norm, vocabulary projection
+  };
+  void EnablePhaseTiming(bool on) { time_phases_ = on; }
+  const PhaseTimes& phase_times() const { return phase_times_; }
+  void ResetPhaseTimes() { phase_times_ = {}; }
 
   // Runs tokens at positions [seq.n_tokens, seq.n_tokens + tokens.size()) and advances the
   // sequence, as CpuModel::Forward (options.want_hidden is not supported on the GPU yet). Long
@@ -120,15 +144,23 @@ class CudaModel {
   Status Moe(int li, int64_t T, const float* x, float* out);
   // y [m, w.rows] = w x with the reference's numerics (QuantLinear in attention.cc).
   Status QuantLinear(const DeviceWeight& w, const float* x, int64_t m, float* y);
+  // y = w x for x already on the FP8 grid of the act quant (blocks of act_block).
+  Status MatMulQuantized(const DeviceWeight& w, const float* x, int64_t m, float* y);
+  // Whether the tensor-core GEMM runs w over m tokens (quantized activations only).
+  bool UseTensorCores(const DeviceWeight& w, int64_t m) const;
   // One sequence's compressor over its n new tokens (a, g: their projections [n, width]).
   Status CompressorStep(const struct DeviceCompressor& cw, CudaCompressorState& st, int li,
                         int64_t start_pos, int64_t n, const float* a, const float* g, int d,
                         float* rows_out, bool index_keys);
   Status EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after);
+  // With phase timing on: synchronises and adds the time since the previous mark to *bucket
+  // (nullptr: only sets the mark). A no-op otherwise.
+  Status MarkPhase(double* bucket);
 
   CudaDevice& dev_;
   const model::ModelWeights& weights_;
   Numerics numerics_;
+  std::optional<TcMma> tc_mma_;  // the tensor-core GEMM's MMA; none: generic kernels only
   std::vector<std::unique_ptr<DeviceLayer>> layers_;
   DeviceBuffer embed_;                                      // [vocab, hidden] bf16
   DeviceWeight head_;                                       // [vocab, hidden] bf16
@@ -146,6 +178,9 @@ class CudaModel {
   StepInputs step_;
   int64_t weight_bytes_ = 0;
   cpu::StepStats step_stats_;
+  bool time_phases_ = false;
+  PhaseTimes phase_times_;
+  std::chrono::steady_clock::time_point phase_mark_;
 };
 
 }  // namespace dsinfer::backend::cuda

@@ -26,6 +26,27 @@ double DeviceInfo::PeakFp32Tflops() const {
   return 2.0 * lanes * sm_count * core_clock_khz * 1e3 / 1e12;
 }
 
+double DeviceInfo::PeakTensorTflops(bool fp8) const {
+  // Dense fp16 FLOP per clock per SM with fp32 accumulation: A100 312 TF / (108 SMs x 1.41 GHz);
+  // A40 / A10 (GA10x) 1024; L40S 181 TF / (142 x 2.52 GHz) = 512; H100 SXM 989 TF / (132 x
+  // 1.83 GHz) = 4096; B200 2.25 PF / (148 x 1.97 GHz) ~ 8192; RTX PRO 6000 (GB202) 1024. FP8
+  // doubles the rate where the hardware has it (sm_89+).
+  int per_clock = 0;
+  const int sm = Sm();
+  if (sm == 80)
+    per_clock = 2048;
+  else if (sm_major == 8)
+    per_clock = sm == 89 ? 512 : 1024;
+  else if (sm_major == 9)
+    per_clock = 4096;
+  else if (sm_major == 10)
+    per_clock = 8192;
+  else if (sm_major == 12)
+    per_clock = 1024;
+  if (fp8) per_clock = sm >= 89 ? 2 * per_clock : 0;
+  return static_cast<double>(per_clock) * sm_count * core_clock_khz * 1e3 / 1e12;
+}
+
 std::string CudaVersionString(int version) {
   return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
 }

@@ -37,6 +37,10 @@ struct DeviceInfo {
   double PeakMemoryGbps() const;
   // fp32 FMA peak of the CUDA cores (TFLOP/s): the roof of the generic (non-tensor-core) path.
   double PeakFp32Tflops() const;
+  // Dense tensor-core peak (TFLOP/s) with fp32 accumulation, fp16 or FP8 inputs, from the
+  // per-SM per-clock rates of the data-center part of each architecture (NVIDIA data sheets);
+  // GeForce cards run fp32-accumulating MMAs at half that. 0 when unknown (or no FP8 MMA).
+  double PeakTensorTflops(bool fp8) const;
 };
 
 // "13.0" from 13000.

@@ -8,41 +8,13 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/weight_decode.cuh"
 
 namespace dsinfer::backend::cuda {
 
 namespace {
 
 using Format = DeviceWeightView::Format;
-
-__device__ __forceinline__ float E8m0ToF32(uint8_t c) {
-  if (c == 0xff) return __int_as_float(0x7fc00000);
-  if (c == 0) return __int_as_float(0x00400000);  // 2^-127, an fp32 subnormal
-  return __int_as_float(static_cast<int>(static_cast<uint32_t>(c) << 23));
-}
-
-__device__ __forceinline__ float E4m3ToF32(uint8_t c) {
-  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-  const uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
-  if ((c & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);
-  if (e == 0) {  // subnormal: m * 2^-9
-    float v = static_cast<float>(m) * 0.001953125f;
-    return __int_as_float(static_cast<int>(static_cast<uint32_t>(__float_as_int(v)) | sign));
-  }
-  return __int_as_float(static_cast<int>(sign | ((e + 120u) << 23) | (m << 20)));
-}
-
-__device__ __forceinline__ float E2m1ToF32(uint32_t nibble) {
-  const uint32_t mag = nibble & 7u, e = mag >> 1, mant = mag & 1u;
-  float v = e == 0 ? 0.5f * static_cast<float>(mant)
-                   : (1.0f + 0.5f * static_cast<float>(mant)) * static_cast<float>(1u << (e - 1));
-  return (nibble & 8u) ? -v : v;
-}
-
-__device__ __forceinline__ float ScaleAt(const DeviceWeightView& w, int64_t idx) {
-  if (w.scales_f32) return reinterpret_cast<const float*>(w.scales)[idx];
-  return E8m0ToF32(w.scales[idx]);
-}
 
 // Weight element (r, c) as fp32: exact decode times its power-of-two block scale.
 template <Format F>
@@ -159,69 +131,130 @@ __host__ __device__ constexpr int64_t RowBytes(int64_t cols) {
                                   : cols / 2;
 }
 
-// Weights (r, c0 .. c0 + kVecElems<F>) as fp32 (one 16-byte load; c0 a multiple of kVecElems).
+// Weight rows per warp in the vectorised kernels: each float4 of activations read feeds that
+// many rows. With one row per warp the activation reads (L1 / L2) are 8 x m times the FP4
+// weight bytes (2 x m for bf16), and L1 bandwidth, not DRAM, bounded batched decode (H200:
+// docs/PERF.md, GPU section). Four rows per warp also means a quarter of the warps, which
+// starves matrices of a few thousand rows at one token (measured: the attention projections
+// took 2.1 instead of 1.4 ms per batch-1 step), so the GEMV uses four only from kManyRows rows.
+constexpr int kVecRows = 4;
+constexpr int64_t kManyRows = 16384;
+
+// One 16-byte chunk of a weight row (elements c0 .. c0 + kVecElems<F>) and its block scale
+// (1 for f32 / bf16).
+struct WChunk {
+  uint32_t words[4] = {0, 0, 0, 0};
+  float scale = 1.0f;
+};
+
 template <Format F>
-__device__ __forceinline__ void LoadWVec(const DeviceWeightView& w, int64_t r, int64_t c0,
-                                         float* out) {
+__device__ __forceinline__ WChunk LoadWChunk(const DeviceWeightView& w, int64_t r, int64_t c0) {
   const uint4 raw =
       *reinterpret_cast<const uint4*>(w.data + r * RowBytes<F>(w.cols) + RowBytes<F>(c0));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  WChunk k;
+  k.words[0] = raw.x;
+  k.words[1] = raw.y;
+  k.words[2] = raw.z;
+  k.words[3] = raw.w;
+  if constexpr (F == Format::kFp8Block) k.scale = ScaleAt(w, (r >> 7) * w.scale_cols + (c0 >> 7));
+  if constexpr (F == Format::kFp4Packed) k.scale = ScaleAt(w, r * w.scale_cols + (c0 >> 5));
+  return k;
+}
+
+// Elements 4q .. 4q + 3 of a chunk as fp32: the exact decode times the block scale.
+template <Format F>
+__device__ __forceinline__ void DecodeQuad(const WChunk& k, int q, float* out) {
   if constexpr (F == Format::kF32) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = __int_as_float(static_cast<int>(words[i]));
+    for (int i = 0; i < 4; ++i) out[i] = __int_as_float(static_cast<int>(k.words[i]));  // q = 0
   } else if constexpr (F == Format::kBF16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __int_as_float(static_cast<int>(words[i] << 16));
-      out[2 * i + 1] = __int_as_float(static_cast<int>(words[i] & 0xffff0000u));
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t word = k.words[2 * q + h];
+      out[2 * h] = __int_as_float(static_cast<int>(word << 16));
+      out[2 * h + 1] = __int_as_float(static_cast<int>(word & 0xffff0000u));
     }
   } else if constexpr (F == Format::kFp8Block) {
-    const float s = ScaleAt(w, (r >> 7) * w.scale_cols + (c0 >> 7));
 #pragma unroll
-    for (int i = 0; i < 16; ++i) out[i] = E4m3ToF32((words[i / 4] >> (8 * (i % 4))) & 0xffu) * s;
+    for (int i = 0; i < 4; ++i) out[i] = E4m3ToF32((k.words[q] >> (8 * i)) & 0xffu) * k.scale;
   } else {
-    const float s = ScaleAt(w, r * w.scale_cols + (c0 >> 5));
 #pragma unroll
-    for (int i = 0; i < 32; ++i) out[i] = E2m1ToF32((words[i / 8] >> (4 * (i % 8))) & 0xfu) * s;
+    for (int i = 0; i < 4; ++i)
+      out[i] = E2m1ToF32((k.words[q >> 1] >> (4 * (4 * (q & 1) + i))) & 0xfu) * k.scale;
   }
 }
 
-// acc[j] += w[0..E) . x[j * cols + c0 ..) for the first m rows of x (float4 loads of x).
-template <int E, int kMaxRows>
-__device__ __forceinline__ void AccumulateVec(const float* wv, const float* const* xrows, int m,
-                                              int64_t c0, float* acc) {
+// acc[rr][j] += row rr of chunks . x_j[c0 .. c0 + kVecElems<F>) for the first m rows of x
+// (float4 loads). Per (row, token) the products are added in element order, as a one-row loop.
+template <Format F, int kRows, int kMaxRows>
+__device__ __forceinline__ void AccumulateRows(const WChunk* chunks, const float* const* xrows,
+                                               int m, int64_t c0, float (*acc)[kMaxRows]) {
 #pragma unroll
-  for (int j = 0; j < kMaxRows; ++j) {
-    if (j >= m) break;
-    const float4* xv = reinterpret_cast<const float4*>(xrows[j] + c0);
+  for (int q = 0; q < kVecElems<F> / 4; ++q) {
+    float wv[kRows][4];
 #pragma unroll
-    for (int q = 0; q < E / 4; ++q) {
-      const float4 v = xv[q];
-      acc[j] = fmaf(wv[4 * q], v.x, acc[j]);
-      acc[j] = fmaf(wv[4 * q + 1], v.y, acc[j]);
-      acc[j] = fmaf(wv[4 * q + 2], v.z, acc[j]);
-      acc[j] = fmaf(wv[4 * q + 3], v.w, acc[j]);
+    for (int rr = 0; rr < kRows; ++rr) DecodeQuad<F>(chunks[rr], q, wv[rr]);
+#pragma unroll
+    for (int j = 0; j < kMaxRows; ++j) {
+      if (j >= m) break;
+      const float4 v = reinterpret_cast<const float4*>(xrows[j] + c0)[q];
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        acc[rr][j] = fmaf(wv[rr][0], v.x, acc[rr][j]);
+        acc[rr][j] = fmaf(wv[rr][1], v.y, acc[rr][j]);
+        acc[rr][j] = fmaf(wv[rr][2], v.z, acc[rr][j]);
+        acc[rr][j] = fmaf(wv[rr][3], v.w, acc[rr][j]);
+      }
     }
   }
 }
 
-template <Format F>
+// The warp's kRows weight rows (from r0; n_rows of them exist) times the first m rows of x:
+// y[j * stride + r0 + rr].
+template <Format F, int kRows, int kMaxRows>
+__device__ __forceinline__ void VecRowsTimesX(const DeviceWeightView& w, int64_t r0, int n_rows,
+                                              const float* const* xrows, int m, int lane, float* y,
+                                              int64_t stride) {
+  constexpr int E = kVecElems<F>;
+  float acc[kRows][kMaxRows] = {};
+  for (int64_t c0 = lane * E; c0 < w.cols; c0 += 32 * E) {
+    WChunk chunks[kRows];
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr)
+      if (rr < n_rows) chunks[rr] = LoadWChunk<F>(w, r0 + rr, c0);
+    AccumulateRows<F, kRows, kMaxRows>(chunks, xrows, m, c0, acc);
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr)
+    if (rr < n_rows) StoreRowSums<kMaxRows>(acc[rr], m, lane, y + r0 + rr, stride);
+}
+
+// Blocks of 8 warps of kRows rows each over `rows` rows.
+template <int kRows>
+unsigned VecBlocks(int64_t rows) {
+  return static_cast<unsigned>((rows + 8 * kRows - 1) / (8 * kRows));
+}
+
+template <Format F, int kRows>
 __global__ void __launch_bounds__(256)
     GemvVecKernel(DeviceWeightView w, const float* x, int m, float* y) {
-  constexpr int E = kVecElems<F>;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (r >= w.rows) return;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) * kRows;
+  if (r0 >= w.rows) return;  // whole warps
   const float* xrows[kGemvMaxM];
 #pragma unroll
   for (int j = 0; j < kGemvMaxM; ++j) xrows[j] = x + j * w.cols;
-  float acc[kGemvMaxM] = {};
-  for (int64_t c0 = lane * E; c0 < w.cols; c0 += 32 * E) {
-    float wv[E];
-    LoadWVec<F>(w, r, c0, wv);
-    AccumulateVec<E, kGemvMaxM>(wv, xrows, m, c0, acc);
-  }
-  StoreRowSums<kGemvMaxM>(acc, m, lane, y + r, w.rows);
+  const int n_rows = static_cast<int>(w.rows - r0 < kRows ? w.rows - r0 : kRows);
+  VecRowsTimesX<F, kRows, kGemvMaxM>(w, r0, n_rows, xrows, m, threadIdx.x & 31, y, w.rows);
+}
+
+// GemvVecKernel over m <= kGemvMaxM tokens: kVecRows rows per warp from kManyRows rows.
+template <Format F>
+void LaunchGemvVec(const DeviceWeightView& w, const float* x, int m, float* y,
+                   cudaStream_t stream) {
+  if (w.rows >= kManyRows)
+    GemvVecKernel<F, kVecRows><<<VecBlocks<kVecRows>(w.rows), 256, 0, stream>>>(w, x, m, y);
+  else
+    GemvVecKernel<F, 1><<<VecBlocks<1>(w.rows), 256, 0, stream>>>(w, x, m, y);
 }
 
 // Whether the vectorised kernels apply: 16-byte aligned rows of whole 16-byte chunks, and an
@@ -241,12 +274,11 @@ cudaError_t LaunchMatMulFor(const DeviceWeightView& w, const float* x, int64_t m
     // far faster than the tiled kernel's scalar decode (measured on an H200, batch 16 of the
     // bench preset: 54 ms per step with the tiled kernel for the head and dense layers).
     for (int64_t j0 = 0; j0 < m; j0 += kGemvMaxM)
-      GemvVecKernel<F><<<blocks, 256, 0, stream>>>(
-          w, x + j0 * w.cols, static_cast<int>(std::min<int64_t>(kGemvMaxM, m - j0)),
-          y + j0 * w.rows);
+      LaunchGemvVec<F>(w, x + j0 * w.cols, static_cast<int>(std::min<int64_t>(kGemvMaxM, m - j0)),
+                       y + j0 * w.rows, stream);
   } else if (m <= kGemvMaxM) {
     if (VecApplies<F>(w.data, w.cols, x))
-      GemvVecKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
+      LaunchGemvVec<F>(w, x, static_cast<int>(m), y, stream);
     else
       GemvKernel<F><<<blocks, 256, 0, stream>>>(w, x, static_cast<int>(m), y);
   } else {
@@ -516,33 +548,27 @@ __global__ void __launch_bounds__(256)
                                  rows);
 }
 
-// GroupedMatMulKernel with 16-byte weight loads (see GemvVecKernel); every expert's data is
-// 16-byte aligned (separate allocations) and x's rows are (checked at launch).
+// GroupedMatMulKernel with 16-byte weight loads and kVecRows rows per warp (see GemvVecKernel;
+// grid.y counts blocks of 8 * kVecRows rows: a step's routed experts give enough tiles); every
+// expert's data is 16-byte aligned (separate allocations) and x's rows are (checked at launch).
 template <Format F>
 __global__ void __launch_bounds__(256)
     GroupedMatMulVecKernel(const DeviceWeightView* experts, const int32_t* tiles,
                            const int32_t* row_token, const float* x, int64_t rows, int64_t cols,
                            float* y) {
-  constexpr int E = kVecElems<F>;
   const int32_t expert = tiles[3 * blockIdx.x], begin = tiles[3 * blockIdx.x + 1],
                 count = tiles[3 * blockIdx.x + 2];
   const DeviceWeightView w = experts[expert];
-  const int64_t r = static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;  // whole warps: r depends on the warp only
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * 8 + (threadIdx.x >> 5)) * kVecRows;
+  if (r0 >= rows) return;  // whole warps: r0 depends on the warp only
   const float* xrows[kGroupedTileRows];
 #pragma unroll
   for (int j = 0; j < kGroupedTileRows; ++j)
     xrows[j] = x + (j < count ? static_cast<int64_t>(row_token[begin + j]) * cols : 0);
-  float acc[kGroupedTileRows] = {};
-  for (int64_t c0 = lane * E; c0 < cols; c0 += 32 * E) {
-    float wv[E];
-    LoadWVec<F>(w, r, c0, wv);
-    AccumulateVec<E, kGroupedTileRows>(wv, xrows, count, c0, acc);
-  }
+  const int n_rows = static_cast<int>(rows - r0 < kVecRows ? rows - r0 : kVecRows);
   // count is the same for the whole block
-  StoreRowSums<kGroupedTileRows>(acc, count, lane, y + static_cast<int64_t>(begin) * rows + r,
-                                 rows);
+  VecRowsTimesX<F, kVecRows, kGroupedTileRows>(w, r0, n_rows, xrows, count, threadIdx.x & 31,
+                                               y + static_cast<int64_t>(begin) * rows, rows);
 }
 
 template <Format F>
@@ -551,11 +577,13 @@ void LaunchGroupedFor(dim3 grid, const DeviceWeightView* experts, const int32_t*
                       float* y, cudaStream_t stream) {
   // Expert data are separate 256-byte aligned allocations: alignment hinges on the row bytes.
   if (cols % kVecElems<F> == 0 && RowBytes<F>(cols) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(x) % 16 == 0)
+      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const dim3 vec_grid(grid.x, VecBlocks<kVecRows>(rows));
     GroupedMatMulVecKernel<F>
-        <<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
-  else
+        <<<vec_grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+  } else {
     GroupedMatMulKernel<F><<<grid, 256, 0, stream>>>(experts, tiles, row_token, x, rows, cols, y);
+  }
 }
 
 // ---- indexer scores and top-k (spec §5.4) ------------------------------------------------------

@@ -27,6 +27,22 @@ cudaError_t ProbeKernelImageOnCurrentDevice();
 cudaError_t LaunchMatMul(const DeviceWeightView& w, const float* x, int64_t m, float* y,
                          cudaStream_t stream);
 
+// Tensor-core GEMM of the official numerics (tc_gemm.cu): y [m, rows] = A * W^T with A the
+// activations as e4m3 codes [m, cols] and scales [m, ceil(cols / 128)] f32 (LaunchActQuantFp8),
+// W FP8 block-scaled. Exact products, fp32 accumulation across MMAs (docs/NUMERICS.md).
+enum class TcMma : uint8_t {
+  kF16,  // codes widened exactly to fp16, m16n8k16 MMA: sm_80+
+  kFp8,  // m16n8k32 e4m3 MMA: sm_89+ only
+};
+// W is FP8 block-scaled with 16-byte aligned rows (cols % 16 == 0).
+bool TcMatMulApplies(const DeviceWeightView& w);
+// K slices for m tokens on a device of sm_count SMs (>= 1): enough blocks to fill the device.
+int TcMatMulSplits(const DeviceWeightView& w, int64_t m, int sm_count);
+// splits > 1 needs partial: device f32 [splits, m, rows] scratch; codes 16-byte aligned.
+cudaError_t LaunchTcMatMul(TcMma mma, const DeviceWeightView& w, const uint8_t* codes,
+                           const float* scales, int64_t m, int splits, float* partial, float* y,
+                           cudaStream_t stream);
+
 // In place over `rows` rows of n: x = w * x * rsqrt(mean(x^2) + eps); weight f32 [n] or null.
 cudaError_t LaunchRmsNorm(float* x, int64_t rows, int64_t n, const float* weight, float eps,
                           bool round_bf16, cudaStream_t stream);

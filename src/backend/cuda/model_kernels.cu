@@ -54,30 +54,41 @@ __device__ __forceinline__ float RoundToGrid(float v) {
   return copysignf(__fmul_rn(__fsub_rn(shifted, kRoundingMagic), step), v);
 }
 
+// core/quant.cc PowerOfTwoScale: 2^ceil(log2(max(amax, floor) * inv_range)) from the bits.
+__device__ __forceinline__ float PowerOfTwoScale(float amax, float amax_floor, float inv_range) {
+  const float f = __fmul_rn(fmaxf(amax, amax_floor), inv_range);
+  const uint32_t u = static_cast<uint32_t>(__float_as_int(f));
+  const int e = static_cast<int>((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0 ? 1 : 0);
+  return ldexpf(1.0f, e);
+}
+
+// max |v| over the thread block (<= 128 threads); every thread gets it. Call once per kernel.
+__device__ __forceinline__ float BlockAbsMax(float v) {
+  __shared__ float partial[4];
+  float m = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = m;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) amax = fmaxf(amax, partial[w]);
+  return amax;
+}
+
 // core/quant.cc RoundTripInPlace: one block of `block` threads (<= 128) per (row, column
-// block); the scale is 2^ceil(log2(max(amax, floor) * inv_range)) from the bits.
+// block).
 template <int kMantissaBits, int kMinNormalExponent>
 __global__ void __launch_bounds__(128)
     RoundTripKernel(float* x, int64_t n, int64_t stride, int block, float amax_floor,
                     float inv_range, float range, float nan_decoded) {
-  __shared__ float partial[4];
   const int64_t n_blocks = (n + block - 1) / block;
   const int64_t row = blockIdx.x / n_blocks;
   const int64_t c = (blockIdx.x % n_blocks) * block + threadIdx.x;
   const bool in = threadIdx.x < block && c < n;
   float* p = x + row * stride + c;
   const float v = in ? *p : 0.0f;
-  float m = in ? fabsf(v) : 0.0f;
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = m;
-  __syncthreads();
-  float amax = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) amax = fmaxf(amax, partial[w]);
+  const float amax = BlockAbsMax(v);
   if (!in) return;
-  const float f = __fmul_rn(fmaxf(amax, amax_floor), inv_range);
-  const uint32_t u = static_cast<uint32_t>(__float_as_int(f));
-  const int e = static_cast<int>((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0 ? 1 : 0);
-  const float s = ldexpf(1.0f, e);
+  const float s = PowerOfTwoScale(amax, amax_floor, inv_range);
   float q;
   if (isnan(v)) {
     q = nan_decoded;
@@ -86,6 +97,35 @@ __global__ void __launch_bounds__(128)
         fminf(fmaxf(__fdiv_rn(v, s), -range), range));
   }
   *p = RoundBf16(__fmul_rn(q, s));
+}
+
+// The e4m3 code of q, a value of the e4m3 grid (|q| <= 448, from RoundToGrid<3, -6>).
+__device__ __forceinline__ uint32_t E4m3CodeOfGridValue(float q) {
+  const uint32_t bits = static_cast<uint32_t>(__float_as_int(q));
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const float a = fabsf(q);
+  if (a < 0.015625f) return sign | static_cast<uint32_t>(a * 512.0f);  // subnormal m * 2^-9
+  const uint32_t e = ((bits >> 23) & 0xffu) - 127u + 7u, m = (bits >> 20) & 7u;
+  return sign | (e << 3) | m;
+}
+
+// core/quant.cc ActQuantFp8 for blocks of 128: one block of 128 threads per (row, column block);
+// codes [rows, n] e4m3, scales [rows, n_blocks] f32. Same scale and grid as RoundTripKernel, so
+// decode(code) * scale is exactly the FP8 round trip's value.
+__global__ void __launch_bounds__(128)
+    ActQuantFp8Kernel(const float* x, int64_t n, int64_t n_blocks, uint8_t* codes, float* scales) {
+  const int64_t row = blockIdx.x / n_blocks, b = blockIdx.x % n_blocks;
+  const int64_t c = b * 128 + threadIdx.x;
+  const bool in = c < n;
+  const float v = in ? x[row * n + c] : 0.0f;
+  const float amax = BlockAbsMax(v);
+  const float s = PowerOfTwoScale(amax, 1e-4f, 1.0f / 448.0f);
+  if (threadIdx.x == 0) scales[row * n_blocks + b] = s;
+  if (!in) return;
+  codes[row * n + c] =
+      static_cast<uint8_t>(isnan(v) ? 0x7fu
+                                    : E4m3CodeOfGridValue(RoundToGrid<3, -6>(
+                                          fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f))));
 }
 
 // One block per row; the butterflies of core/quant.cc HadamardInPlace (each output of a stage is
@@ -221,6 +261,16 @@ cudaError_t LaunchFp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride
                                cudaStream_t stream) {
   return LaunchRoundTrip<3, -6>(x, rows, n, stride, block, 1e-4f, 1.0f / 448.0f, 448.0f,
                                 __builtin_nanf(""), stream);
+}
+
+cudaError_t LaunchActQuantFp8(const float* x, int64_t rows, int64_t n, uint8_t* codes,
+                              float* scales, cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return cudaSuccess;
+  const int64_t n_blocks = (n + 127) / 128;
+  if (rows * n_blocks > INT32_MAX) return cudaErrorInvalidValue;
+  ActQuantFp8Kernel<<<static_cast<unsigned>(rows * n_blocks), 128, 0, stream>>>(x, n, n_blocks,
+                                                                                codes, scales);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchFp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block,

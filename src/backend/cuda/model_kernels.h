@@ -27,6 +27,10 @@ cudaError_t LaunchFp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride
                                cudaStream_t stream);
 cudaError_t LaunchFp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block,
                                cudaStream_t stream);
+// core/quant.h ActQuantFp8 with blocks of 128 on each of `rows` rows of n: codes [rows, n] e4m3
+// and scales [rows, ceil(n / 128)] f32, bit for bit the CPU's (the tensor-core GEMM's input).
+cudaError_t LaunchActQuantFp8(const float* x, int64_t rows, int64_t n, uint8_t* codes,
+                              float* scales, cudaStream_t stream);
 // core/quant.h HadamardInPlace on each row of n (a power of two <= 4096), bit for bit.
 cudaError_t LaunchHadamard(float* x, int64_t rows, int n, bool round_bf16, cudaStream_t stream);
 

@@ -28,6 +28,17 @@ Result<DeviceWeight> UploadWeight(CudaDevice& dev, const model::WeightMatrix& w)
 // y [m, w.rows] = x [m, w.cols] * W^T (device fp32 buffers).
 Status MatMul(CudaDevice& dev, const DeviceWeight& w, const float* x, int64_t m, float* y);
 
+// The official numerics' FP8 linear on tensor cores: y [m, w.rows] = ActQuantFp8(x) * W^T with
+// blocks of 128, the same values as MatMul on the FP8 round trip of x (exact when x is on that
+// grid already) summed in another order (kernels.h LaunchTcMatMul). Needs TcMatMulApplies(w).
+Status TcMatMul(CudaDevice& dev, const DeviceWeight& w, const float* x, int64_t m, float* y,
+                TcMma mma);
+// Below this many tokens the decode GEMV (one read of each weight row for all tokens, 16-byte
+// loads) is as fast and exact; the tensor-core path starts here.
+inline constexpr int64_t kTcMinTokens = 9;
+// The MMA TcMatMul uses on this device by default (docs/NUMERICS.md: why not FP8 MMA).
+TcMma DefaultTcMma(const DeviceInfo& info);
+
 // In place over rows x n; weight: device f32 [n] or nullptr.
 Status RmsNormRows(CudaDevice& dev, float* x, int64_t rows, int64_t n, const float* weight,
                    double eps, bool round_bf16);

@@ -15,21 +15,24 @@ KernelPaths PathsFor(int sm_major, int sm_minor) {
         "none (sm_" + std::to_string(sm) + " is below sm_80, which CUDA 13 builds need)";
     return p;
   }
-  // Today every device runs the generic dequantizing kernels: weights are decoded to fp32 in
-  // shared memory and multiplied with fp32 FMA (exact products, fp32 accumulation).
-  p.fp8_gemm = "generic dequantizing GEMM (fp32 FMA)";
-  p.fp4_experts = "generic FP4 dequantizing GEMM (fp32 FMA)";
+  // FP8 linears of the official numerics (activations quantized to e4m3 in front of them): the
+  // tensor-core GEMM for 9+ tokens on every sm_80+ device, with the codes widened exactly to
+  // fp16 (tc_gemm.cu; the FP8 MMA is built and conformance-checked but adds with fewer bits:
+  // docs/NUMERICS.md). Decode batches of <= 8 tokens read each weight row once in a GEMV.
+  p.fp8_gemm =
+      "official numerics: tensor cores for 9+ tokens (e4m3 codes widened exactly to fp16, "
+      "mma.sync m16n8k16, fp32 accumulation), 16-byte-load GEMV for <= 8 tokens; fp32-reference "
+      "numerics: generic dequantizing kernels (fp32 FMA)";
+  p.fp4_experts = "generic FP4 grouped GEMV / GEMM over routed tokens (fp32 FMA)";
   p.other_ops =
-      "generic fp32 kernels: RMSNorm, RoPE, mHC, router, grouped MoE GEMM, compressor pooling, "
-      "indexer scores + top-k, sparse attention with sink";
-  if (sm == 89 || sm_major == 12) p.not_yet_used.push_back("FP8 mma.sync tensor cores");
+      "generic fp32 kernels: RMSNorm, RoPE, mHC, router, compressor pooling, indexer scores + "
+      "top-k, sparse attention with sink";
   if (sm_major == 9) p.not_yet_used.push_back("FP8 wgmma tensor cores (sm_90a)");
   if (sm_major == 10) p.not_yet_used.push_back("tcgen05 FP8/FP4 tensor cores (sm_100a)");
   if (sm_major == 12) p.not_yet_used.push_back("FP4 mma.sync tensor cores (sm_120a)");
-  if (sm == 89 || sm_major == 9)
-    p.not_yet_used.push_back("FP4 experts re-blocked to FP8 at load for FP8 tensor cores");
-  if (sm_major == 8 && sm != 89)
-    p.not_yet_used.push_back("bf16 mma.sync tensor cores (W dequantized)");
+  p.not_yet_used.push_back(
+      "routed FP4 experts on tensor cores (re-blocked to FP8 at load, or "
+      "native FP4 on sm_100 / sm_120)");
   return p;
 }
 

@@ -6,7 +6,6 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/ops.h"
-#include "backend/cuda/paths.h"
 
 namespace dsinfer::backend::cuda {
 
@@ -90,7 +89,27 @@ Result<ProbeResult> RunProbes(CudaDevice& dev) {
                            }));
   p.gemm_tflops = 2.0 * m * rows * cols / gemm_s / 1e12;
   p.gemm_shape = "fp8 block-scaled m=512 n=4096 k=4096";
-  p.gemm_path = PathsFor(info.sm_major, info.sm_minor).fp8_gemm;
+  p.gemm_path = "generic dequantizing GEMM (fp32 FMA)";
+  // Tensor cores: random activations (the act quant runs inside, as in the model).
+  std::vector<float> xs(static_cast<size_t>(m * cols));  // [m, cols]
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : xs) v = normal(rng);
+  DSINFER_RETURN_IF_ERROR(dev.CopyToDevice(x.data(), xs.data(), xs.size() * 4));
+  p.peak_tensor_f16_tflops = info.PeakTensorTflops(false);
+  p.peak_tensor_fp8_tflops = info.PeakTensorTflops(true);
+  for (TcMma mma : {TcMma::kF16, TcMma::kFp8}) {
+    if (mma == TcMma::kFp8 && info.Sm() < 89) continue;
+    DSINFER_ASSIGN_OR_RETURN(double tc_s, BestSeconds(dev, 5, [&] {
+                               return TcMatMul(dev, dw, x.as<float>(), m, y.as<float>(), mma);
+                             }));
+    (mma == TcMma::kFp8 ? p.tc_fp8_tflops : p.tc_f16_tflops) = 2.0 * m * rows * cols / tc_s / 1e12;
+  }
+  const int64_t decode_m = 16;
+  DSINFER_ASSIGN_OR_RETURN(double decode_s, BestSeconds(dev, 5, [&] {
+                             return TcMatMul(dev, dw, x.as<float>(), decode_m, y.as<float>(),
+                                             DefaultTcMma(info));
+                           }));
+  p.tc_decode16_gbps = static_cast<double>(rows * cols) / decode_s / 1e9;
   return p;
 }
 
