@@ -85,6 +85,31 @@ TEST(CudaDevice, BuffersAndCopiesRoundTrip) {
   EXPECT_FALSE(CudaDevice::Open(1000).ok());
 }
 
+// Staged uploads queue behind the stream's work without draining it; the staging is reused
+// after a synchronisation and grows (after one) when an upload does not fit. Every buffer must
+// arrive intact, including ones staged before a reuse or a growth.
+TEST(CudaDevice, StagedUploadsArriveIntact) {
+  DEVICE_OR_SKIP(dev);
+  std::vector<std::vector<int32_t>> hosts;
+  std::vector<DeviceBuffer> bufs;
+  for (int64_t n : {1, 1000, 300000, 1 << 20, 7, 3 << 20, 5}) {  // crosses the 4 MiB staging
+    std::vector<int32_t> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[i] = static_cast<int32_t>(i * 2654435761u + n);
+    std::vector<int32_t> h = want;
+    auto b = dev->UploadStaged(h.data(), h.size() * 4);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    std::fill(h.begin(), h.end(), -1);  // the staging holds its own copy: scribbling is safe
+    hosts.push_back(std::move(want));
+    bufs.push_back(std::move(b).value());
+  }
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    std::vector<int32_t> back(hosts[k].size());
+    ASSERT_TRUE(dev->CopyToHost(back.data(), bufs[k].data(), back.size() * 4).ok());
+    EXPECT_EQ(back, hosts[k]) << "upload " << k;
+  }
+  EXPECT_TRUE(dev->UploadStaged(nullptr, 0).ok());
+}
+
 using model::WeightFormat;
 using MatMulCase = std::tuple<WeightFormat, bool, int64_t, int64_t, int64_t>;
 

@@ -83,7 +83,7 @@ Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState
       RmsNormRows(dev_, rows_out, n_groups, d, cw.norm.as<float>(), c.norm_eps, rb));
   std::vector<int64_t> first(static_cast<size_t>(n_groups));  // [n_groups] group start positions
   for (int64_t j = 0; j < n_groups; ++j) first[j] = start_pos - p0 + j * r;
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dfirst, dev_.Upload(first.data(), first.size() * 8));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dfirst, dev_.UploadStaged(first.data(), first.size() * 8));
   const DeviceLayer& dl = *layers_[li];
   DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, rows_out, n_groups, d, d - c.rope_dim,
                                     dfirst.as<const int64_t>(), dl.inv_freq.as<float>(),
@@ -216,7 +216,8 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
       } else {
         // n_vis[t] <= max_vis <= n_comp by construction; one upload serves both kernels.
         DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, n * max_vis));
-        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev_.Upload(n_vis.data(), n_vis.size() * 4));
+        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn,
+                                 dev_.UploadStaged(n_vis.data(), n_vis.size() * 4));
         DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
                                  dev_.Alloc(static_cast<size_t>(n * c.index_topk) * 4));
         DSINFER_RETURN_IF_ERROR(
@@ -251,7 +252,8 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
     const int64_t total = static_cast<int64_t>(lists.rows.size());
     std::vector<int32_t> packed = lists.offsets;  // [n + 1 offsets | total rows]
     packed.insert(packed.end(), lists.rows.begin(), lists.rows.end());
-    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dlists, dev_.Upload(packed.data(), packed.size() * 4));
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dlists,
+                             dev_.UploadStaged(packed.data(), packed.size() * 4));
     DSINFER_ASSIGN_OR_RETURN(
         float* probs, ws_->Get(dev_, Workspace::kProbs, int64_t{H} * std::max<int64_t>(total, 1)));
     DSINFER_RETURN_IF_ERROR(CudaStatus(
@@ -347,7 +349,7 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
     tile_words[3 * i + 1] = tiles[i].begin;
     tile_words[3 * i + 2] = tiles[i].count;
   }
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx, dev_.Upload(idx.data(), idx.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx, dev_.UploadStaged(idx.data(), idx.size() * 4));
   const int32_t* d_token_rows = didx.as<const int32_t>();
   const float* d_row_weight = reinterpret_cast<const float*>(d_token_rows + TK);
   const int32_t* d_row_token = d_token_rows + 2 * TK;

@@ -363,7 +363,7 @@ Status CudaModel::Step(std::span<Segment> segments) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   // H [T, hc, D]: the residual streams.
   DSINFER_ASSIGN_OR_RETURN(float* H, ws_->Get(dev_, Workspace::kH, T * HD));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok, dev_.Upload(tokens.data(), tokens.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok, dev_.UploadStaged(tokens.data(), tokens.size() * 4));
   DSINFER_RETURN_IF_ERROR(
       CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), dtok.as<const int32_t>(), T, c.hc_mult, D,
                              H, dev_.stream()),
@@ -375,7 +375,7 @@ Status CudaModel::Step(std::span<Segment> segments) {
     for (const Segment& sg : segments)
       for (int64_t t = 0; t < static_cast<int64_t>(sg.tokens.size()); ++t)
         pos.insert(pos.end(), static_cast<size_t>(per), sg.seq->n_tokens + t);
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.Upload(pos.data(), pos.size() * 8));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.UploadStaged(pos.data(), pos.size() * 8));
   step_.tokens = dtok.as<const int32_t>();
   step_.pos = dpos.as<const int64_t>();
   step_.pos_heads = step_.pos + T;

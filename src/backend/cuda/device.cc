@@ -1,6 +1,8 @@
 #include "backend/cuda/device.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/kernels.h"
@@ -173,6 +175,7 @@ CudaDevice::~CudaDevice() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  if (staging_ != nullptr) cudaFreeHost(staging_);
 }
 
 Status CudaDevice::Activate() const {
@@ -201,6 +204,32 @@ Result<DeviceBuffer> CudaDevice::Upload(const void* host, size_t bytes) {
   return b;
 }
 
+Result<DeviceBuffer> CudaDevice::UploadStaged(const void* host, size_t bytes) {
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer b, Alloc(bytes));
+  if (bytes == 0) return b;
+  const size_t need = (bytes + 255) & ~size_t{255};
+  if (staging_used_ + need > staging_bytes_) {
+    // Queued copies may still read the staging: drain them, then reuse (or grow) it.
+    DSINFER_RETURN_IF_ERROR(Synchronize());
+    if (need > staging_bytes_) {
+      if (staging_ != nullptr) cudaFreeHost(staging_);
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+      const size_t grow = std::max(need, size_t{4} << 20);
+      void* p = nullptr;
+      DSINFER_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&p, grow), "cudaMallocHost staging"));
+      staging_ = static_cast<uint8_t*>(p);
+      staging_bytes_ = grow;
+    }
+  }
+  uint8_t* slot = staging_ + staging_used_;
+  std::memcpy(slot, host, bytes);
+  staging_used_ += need;
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(b.data(), slot, bytes, cudaMemcpyHostToDevice, stream_), "staged H2D"));
+  return b;
+}
+
 Status CudaDevice::CopyToDevice(void* dst, const void* host, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   DSINFER_RETURN_IF_ERROR(Activate());
@@ -225,7 +254,9 @@ Status CudaDevice::Memset(void* dst, int byte, size_t bytes) {
 }
 
 Status CudaDevice::Synchronize() {
-  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  DSINFER_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  staging_used_ = 0;  // every staged copy has completed
+  return Status::Ok();
 }
 
 Status CudaDevice::CheckLaunch(const char* kernel) {

@@ -93,8 +93,13 @@ class CudaDevice {
   Status Activate() const;
 
   Result<DeviceBuffer> Alloc(size_t bytes);
-  // Uploads host data into a new buffer.
+  // Uploads host data into a new buffer (synchronises: `host` may be freed on return).
   Result<DeviceBuffer> Upload(const void* host, size_t bytes);
+  // Uploads host data into a new buffer without draining the stream: the bytes are copied into
+  // pinned staging memory first and the copy is queued behind the work already on the stream.
+  // For per-step index lists on the hot path. Staging is reused after the next Synchronize
+  // (which every copy back to the host does); when it is full, this synchronises first.
+  Result<DeviceBuffer> UploadStaged(const void* host, size_t bytes);
   Status CopyToDevice(void* dst, const void* host, size_t bytes);
   Status CopyToHost(void* host, const void* src, size_t bytes);
   Status Memset(void* dst, int byte, size_t bytes);
@@ -106,6 +111,10 @@ class CudaDevice {
   CudaDevice() = default;
   DeviceInfo info_;
   cudaStream_t stream_ = nullptr;
+  // Pinned host staging for UploadStaged: bytes [0, staging_used_) may still be read by queued
+  // copies until the stream is synchronised.
+  uint8_t* staging_ = nullptr;
+  size_t staging_bytes_ = 0, staging_used_ = 0;
 };
 
 }  // namespace dsinfer::backend::cuda
