@@ -5,13 +5,15 @@
 #
 # What each architecture enables (CUDA 13 targets; sm_70/sm_75 were dropped by CUDA 13):
 #   arch   GPUs                         FP8 MMA  FP4 MMA  kernel paths in dsinfer
-#   80     A100, A30                    no       no       generic dequantizing GEMM/GEMV (fp32 FMA)
-#   86     RTX 30xx, A10, A40           no       no       generic
-#   89     RTX 40xx, L4, L40S           yes      no       generic today; FP8 mma.sync (later)
-#   90a    H100, H200, GH200            yes      no       generic today; FP8 wgmma (later), FP4->FP8
-#                                                         re-blocked experts at load (later)
-#   100a   B200, GB200                  yes      yes      generic today; tcgen05 FP8/FP4 (later)
-#   120a   RTX 50xx, RTX PRO 6000       yes      yes      generic today; FP4 mma.sync (later)
+#   80     A100, A30                    no       no       generic GEMV / GEMM (fp32 FMA); official FP8
+#                                                         linears of 9+ tokens: fp16 mma.sync on
+#                                                         exactly widened e4m3 codes (tc_gemm.cu)
+#   86     RTX 30xx, A10, A40           no       no       as 80
+#   89     RTX 40xx, L4, L40S           yes      no       as 80; FP8 mma.sync built, not default yet
+#   90a    H100, H200, GH200            yes      no       as 80 with FP8 mma.sync by default
+#                                                         (measured); FP8 wgmma (later)
+#   100a   B200, GB200                  yes      yes      as 89; tcgen05 FP8/FP4 (later)
+#   120a   RTX 50xx, RTX PRO 6000       yes      yes      as 89; FP4 mma.sync (later)
 # The "a" suffix builds architecture-specific code (wgmma / tcgen05 need it); such cubins run
 # only on that exact major.minor. CI builds one architecture to stay fast; the `release` preset
 # (CMakePresets.json) builds all six; scripts/gpu-check.sh builds the detected GPU's.
