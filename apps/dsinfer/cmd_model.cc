@@ -9,6 +9,7 @@
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
 #include "commands.h"
+#include "device_flag.h"
 #ifdef DSINFER_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #endif
@@ -92,15 +93,6 @@ int RunInspect(int argc, char** argv) {
 }
 
 // "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N; nullopt for anything else.
-std::optional<int> ParseDevice(const std::string& s) {
-  if (s == "cpu") return -1;
-  if (s == "cuda") return 0;
-  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() < 9 &&
-      s.find_first_not_of("0123456789", 5) == std::string::npos)
-    return std::stoi(s.substr(5));
-  return std::nullopt;
-}
-
 // Logits of every position of `ids` on the GPU forward, `step` tokens per call.
 Status GpuLogits(int ordinal, const model::ModelWeights& weights, backend::Numerics numerics,
                  const std::vector<int32_t>& ids, size_t step, std::vector<float>* all) {

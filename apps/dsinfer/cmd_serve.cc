@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "core/system_memory.h"
 #include "core/thread_pool.h"
+#include "device_flag.h"
 #include "model/config.h"
 #include "model/demo_model.h"
 #include "model/weights.h"
@@ -48,7 +49,8 @@ constexpr const char* kUsage =
     "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
     "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
-    "[--no-default-thinking]";
+    "[--device cpu|cuda|cuda:N]\n"
+    "              [--no-default-thinking]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -144,7 +146,8 @@ int RunServe(int argc, char** argv) {
                    "max-connections",
                    "max-body-bytes",
                    "shutdown-timeout",
-                   "weights"},
+                   "weights",
+                   "device"},
                   {"no-default-thinking"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -179,6 +182,8 @@ int RunServe(int argc, char** argv) {
   }
   const auto residency = WeightResidencyFlag(args);
   if (!residency) return Usage(kWeightResidencyFlagError);
+  const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
+  if (!device) return Usage("--device must be cpu, cuda or cuda:N");
 
   server::ServiceOptions service_options;
   service_options.served_model_name = args.GetOr("served-model-name", "deepseek-v4-flash");
@@ -241,9 +246,10 @@ int RunServe(int argc, char** argv) {
   }
   auto t0 = Clock::now();
   Log("loading weights from %s%s", model_dir);
-  // The copy must leave room for the KV budget.
-  const int64_t kv_reserve = engine_options.kv_cache_bytes > 0 ? engine_options.kv_cache_bytes
-                                                               : runtime::DefaultKvCacheBytes();
+  // A host copy of the weights must leave room for the KV budget (on the CPU: in RAM).
+  const int64_t kv_reserve = *device >= 0                        ? 0
+                             : engine_options.kv_cache_bytes > 0 ? engine_options.kv_cache_bytes
+                                                                 : runtime::DefaultKvCacheBytes();
   auto weights =
       LoadWeightsOrPrint(model_dir, *residency, "serve", static_cast<uint64_t>(kv_reserve));
   if (weights == nullptr) return 1;
@@ -256,11 +262,18 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
-  auto engine = runtime::Engine::Create(*weights, engine_options);
+  auto runner = MakeRunner(*device, *weights, engine_options.numerics, engine_options.n_threads);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "dsinfer serve: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  auto engine = runtime::Engine::Create(*weights, engine_options, std::move(runner).value());
   if (!engine.ok()) {
     std::fprintf(stderr, "dsinfer serve: %s\n", engine.status().ToString().c_str());
     return 1;
   }
+  Log("engine on %s, KV budget %s MiB", (*engine)->device(),
+      std::to_string((*engine)->kv_cache_bytes() >> 20));
   server::RuntimeEnginePort port_adapter(**engine);
   server::ModelInfo info;
   info.version = version == "v4.1" ? text::ModelVersion::kV41 : text::ModelVersion::kV4;

@@ -11,9 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "backend/cpu/cpu_model.h"
-#include "core/system_memory.h"
-#include "core/thread_pool.h"
+#include "backend/model_runner.h"
 #include "runtime/prefix_cache.h"
 
 namespace dsinfer::runtime {
@@ -21,7 +19,7 @@ namespace dsinfer::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using backend::cpu::SequenceState;
+using backend::RunnerState;
 
 struct Request {
   RequestParams params;
@@ -37,8 +35,8 @@ struct Request {
 struct Sequence {
   std::shared_ptr<Request> req;
   int index = 0;
-  std::unique_ptr<SequenceState> state;  // null while waiting / after preemption
-  std::vector<int32_t> tokens;           // prompt + generated: what the state must consume
+  std::unique_ptr<RunnerState> state;  // null while waiting / after preemption
+  std::vector<int32_t> tokens;         // prompt + generated: what the state must consume
   std::vector<int32_t> generated;
   int64_t n_prompt = 0;
   bool forked = false;   // n > 1 copies already made
@@ -51,16 +49,13 @@ uint64_t SampleSeed(uint64_t seed, int index) {
 
 }  // namespace
 
-int64_t DefaultKvCacheBytes() {
-  const std::optional<int64_t> total = TotalMemoryBytes();
-  return total ? *total / 4 : int64_t{4} << 30;
-}
+int64_t DefaultKvCacheBytes() { return backend::DefaultCpuStateBudget(); }
 
 struct Engine::Impl {
   const model::ModelWeights& weights;
   EngineOptions options;
-  ThreadPool pool;
-  std::unique_ptr<backend::cpu::CpuModel> model;
+  std::unique_ptr<backend::ModelRunner> model;
+  std::string device;
   PrefixCache prefix_cache;
 
   std::mutex mu;  // guards incoming, stopping, draining, stats
@@ -82,7 +77,7 @@ struct Engine::Impl {
   int64_t cache_queries = 0, cache_hits = 0;
   std::map<std::string, int64_t> finished_by_reason;
 
-  Impl(const model::ModelWeights& w, EngineOptions o) : weights(w), options(o), pool(o.n_threads) {}
+  Impl(const model::ModelWeights& w, EngineOptions o) : weights(w), options(o) {}
 
   int64_t UsedBytes() const {
     int64_t b = prefix_cache.bytes();
@@ -109,7 +104,7 @@ struct Engine::Impl {
   // Tokens of s to run this step: what remains, within the budget, ending at the next
   // prefix-cache boundary while in the prompt (so a snapshot can be taken after the step).
   int64_t ChunkSize(const Sequence& s, int64_t budget) const {
-    int64_t pos = s.state->n_tokens;
+    int64_t pos = s.state->n_tokens();
     int64_t n = std::min(static_cast<int64_t>(s.tokens.size()) - pos, budget);
     if (options.enable_prefix_cache && pos < s.n_prompt - 1) {
       int64_t block = options.prefix_block_tokens;
@@ -153,7 +148,12 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
       auto copy = std::make_unique<Sequence>();
       copy->req = s.req;
       copy->index = i;
-      copy->state = std::make_unique<SequenceState>(*s.state);
+      auto state = model->Copy(*s.state);
+      if (!state.ok()) {  // no device memory for this sample's copy: it fails, the others go on
+        Finish(*copy, FinishReason::kError, state.status());
+        continue;
+      }
+      copy->state = std::move(state).value();
       copy->tokens = s.tokens;
       copy->n_prompt = s.n_prompt;
       copy->forked = true;
@@ -225,18 +225,26 @@ void Engine::Impl::Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& co
           0, options.kv_cache_bytes - need - (UsedBytes() - prefix_cache.bytes())));
       if (UsedBytes() + need > options.kv_cache_bytes) break;
     }
-    s.state = model->NewSequence();
+    // Resumed (preempted) sequences may also restore their prompt's prefix (an exact copy).
+    const bool first_time = s.generated.empty() && !s.req->scheduled;
+    const PrefixCache::Entry* hit = nullptr;
     if (options.enable_prefix_cache) {
-      // Resumed (preempted) sequences may also restore their prompt's prefix.
-      bool first_time = s.generated.empty() && !s.req->scheduled;
       if (first_time) cache_queries += s.n_prompt;
-      if (const auto* hit = prefix_cache.Lookup(s.tokens, s.n_prompt - 1)) {
-        *s.state = *hit->state;  // exact restore
-        if (first_time) {
-          cache_hits += static_cast<int64_t>(hit->tokens.size());
-          s.req->usage.cached_prompt_tokens = static_cast<int64_t>(hit->tokens.size());
-        }
-      }
+      hit = prefix_cache.Lookup(s.tokens, s.n_prompt - 1);
+    }
+    auto state = hit != nullptr ? model->Copy(*hit->state) : model->NewState();
+    if (!state.ok()) {
+      // The device cannot hold another state now (the budget exceeds what it has): wait for
+      // running sequences to finish, or fail this request if nothing runs.
+      if (!running.empty()) break;
+      Finish(s, FinishReason::kError, state.status());
+      waiting.pop_front();
+      continue;
+    }
+    s.state = std::move(state).value();
+    if (hit != nullptr && first_time) {
+      cache_hits += static_cast<int64_t>(hit->tokens.size());
+      s.req->usage.cached_prompt_tokens = static_cast<int64_t>(hit->tokens.size());
     }
     if (!s.req->scheduled) {
       s.req->scheduled = true;
@@ -282,7 +290,7 @@ bool Engine::Impl::Step() {
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& sp : running) {
       Sequence& s = *sp;
-      int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.state->n_tokens;
+      int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.state->n_tokens();
       bool is_decode = remaining == 1;
       if ((pass == 0) != is_decode || remaining <= 0 || budget <= 0) continue;
       if (static_cast<int>(batch.size()) >= options.max_num_seqs) break;
@@ -299,8 +307,8 @@ bool Engine::Impl::Step() {
   auto growth = [&] {
     int64_t g = 0;
     for (size_t i = 0; i < batch.size(); ++i)
-      g += model->StateBytesAt(batch[i]->state->n_tokens + counts[i]) -
-           model->StateBytesAt(batch[i]->state->n_tokens);
+      g += model->StateBytesAt(batch[i]->state->n_tokens() + counts[i]) -
+           model->StateBytesAt(batch[i]->state->n_tokens());
     return g;
   };
   while (!batch.empty() && UsedBytes() + growth() > options.kv_cache_bytes) {
@@ -326,11 +334,11 @@ bool Engine::Impl::Step() {
   }
   if (batch.empty()) return !running.empty() || !waiting.empty();
 
-  std::vector<backend::cpu::SequenceChunk> chunks(batch.size());
+  std::vector<backend::RunnerChunk> chunks(batch.size());
   std::vector<backend::cpu::ForwardOutput> outs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
-    int64_t pos = s.state->n_tokens;
+    int64_t pos = s.state->n_tokens();
     bool completes = pos + counts[i] == static_cast<int64_t>(s.tokens.size());
     chunks[i].state = s.state.get();
     chunks[i].tokens = std::span<const int32_t>(s.tokens.data() + pos, counts[i]);
@@ -345,7 +353,7 @@ bool Engine::Impl::Step() {
   } else {
     for (size_t i = 0; i < batch.size(); ++i) {
       Sequence& s = *batch[i];
-      int64_t pos = s.state->n_tokens;
+      int64_t pos = s.state->n_tokens();
       if (options.enable_prefix_cache && s.generated.empty() && pos <= s.n_prompt - 1 &&
           (pos % options.prefix_block_tokens == 0 || pos == s.n_prompt - 1)) {
         std::span<const int32_t> prefix(s.tokens.data(), pos);
@@ -354,8 +362,12 @@ bool Engine::Impl::Step() {
           // Snapshots live under the same budget: make room by LRU eviction, or skip caching.
           int64_t live = UsedBytes() - prefix_cache.bytes();
           prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
-          if (live + prefix_cache.bytes() + snap_bytes <= options.kv_cache_bytes)
-            prefix_cache.Insert(prefix, std::make_shared<SequenceState>(*s.state), snap_bytes);
+          if (live + prefix_cache.bytes() + snap_bytes <= options.kv_cache_bytes) {
+            auto snap = model->Copy(*s.state);
+            if (snap.ok())  // no room on the device for a snapshot: skip caching this one
+              prefix_cache.Insert(
+                  prefix, std::shared_ptr<const RunnerState>(std::move(snap).value()), snap_bytes);
+          }
         }
       }
       if (chunks[i].options.want_logits) Sample(s, outs[i].logits);
@@ -368,10 +380,13 @@ bool Engine::Impl::Step() {
 void Engine::Impl::Loop() {
   {
     // Warm-up: one token through every layer so the first request pays no first-touch costs.
-    auto state = model->NewSequence();
-    backend::cpu::ForwardOutput out;
-    int32_t bos[1] = {weights.config().bos_token_id};
-    (void)model->Forward(*state, bos, {}, &out);
+    auto state = model->NewState();
+    if (state.ok()) {
+      backend::cpu::ForwardOutput out;
+      const int32_t bos[1] = {weights.config().bos_token_id};
+      backend::RunnerChunk chunk{state->get(), bos, {}, &out};
+      (void)model->ForwardBatch(std::span<backend::RunnerChunk>(&chunk, 1));
+    }
     is_ready = true;
   }
   while (true) {
@@ -423,15 +438,20 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weights,
-                                               EngineOptions options) {
+                                               EngineOptions options,
+                                               std::unique_ptr<backend::ModelRunner> runner) {
   if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 || options.max_queue < 1 ||
       options.prefix_block_tokens < 1)
     return InvalidArgument(
         "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
-  if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = DefaultKvCacheBytes();
+  if (runner == nullptr) {
+    DSINFER_ASSIGN_OR_RETURN(runner,
+                             backend::MakeCpuRunner(weights, options.numerics, options.n_threads));
+  }
+  if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
-  DSINFER_ASSIGN_OR_RETURN(impl->model,
-                           backend::cpu::CpuModel::Create(weights, options.numerics, impl->pool));
+  impl->model = std::move(runner);
+  impl->device = impl->model->device();
   int64_t one = impl->model->StateBytesAt(1);
   if (one > options.kv_cache_bytes)
     return ResourceExhausted("KV budget of " + std::to_string(options.kv_cache_bytes) +
@@ -503,6 +523,10 @@ EngineStats Engine::Stats() const {
 const model::ModelConfig& Engine::config() const { return impl_->weights.config(); }
 
 bool Engine::ready() const { return impl_->is_ready.load(); }
+
+const std::string& Engine::device() const { return impl_->device; }
+
+int64_t Engine::kv_cache_bytes() const { return impl_->options.kv_cache_bytes; }
 
 void Engine::Shutdown(std::chrono::steady_clock::time_point deadline) {
   {

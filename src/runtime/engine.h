@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/model_runner.h"
 #include "backend/numerics.h"
 #include "core/status.h"
 #include "model/weights.h"
@@ -108,8 +109,9 @@ struct EngineOptions {
   int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
 };
 
-// The KV budget EngineOptions::kv_cache_bytes = 0 stands for: 25 % of physical RAM (4 GiB when
-// the system does not say).
+// The KV budget EngineOptions::kv_cache_bytes = 0 stands for on the CPU: 25 % of physical RAM
+// (4 GiB when the system does not say). A GPU runner has its own (ModelRunner::
+// DefaultStateBudget).
 int64_t DefaultKvCacheBytes();
 
 struct EngineStats {
@@ -129,8 +131,11 @@ struct EngineStats {
 
 class Engine {
  public:
+  // Steps `runner` (the model on its device), or, when null, the CPU backend over
+  // options.n_threads threads. The weights must outlive the engine.
   static Result<std::unique_ptr<Engine>> Create(const model::ModelWeights& weights,
-                                                EngineOptions options);
+                                                EngineOptions options,
+                                                std::unique_ptr<backend::ModelRunner> runner = {});
   ~Engine();  // stops the engine thread (aborting running requests)
 
   // Validates and enqueues a request. Errors: InvalidArgument (empty prompt, token outside the
@@ -143,6 +148,9 @@ class Engine {
   void Shutdown(std::chrono::steady_clock::time_point deadline);
   // True once the engine thread has run a warm-up step.
   bool ready() const;
+  // The runner's device ("cpu", "cuda:0 (NVIDIA H200)") and the KV budget in force.
+  const std::string& device() const;
+  int64_t kv_cache_bytes() const;
 
  private:
   struct Impl;

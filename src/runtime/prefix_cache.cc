@@ -39,7 +39,7 @@ bool PrefixCache::Contains(std::span<const int32_t> prefix) const {
 }
 
 void PrefixCache::Insert(std::span<const int32_t> prefix,
-                         std::shared_ptr<const backend::cpu::SequenceState> state, int64_t bytes) {
+                         std::shared_ptr<const backend::RunnerState> state, int64_t bytes) {
   if (prefix.empty() || Contains(prefix)) return;
   uint64_t h = 0x243f6a8885a308d3ull;
   for (int32_t t : prefix) h = Extend(h, t);

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cpu/sequence_state.h"
+#include "backend/model_runner.h"
 
 namespace dsinfer::runtime {
 
@@ -21,15 +21,15 @@ class PrefixCache {
  public:
   struct Entry {
     std::vector<int32_t> tokens;  // the prefix this state has consumed
-    std::shared_ptr<const backend::cpu::SequenceState> state;
+    std::shared_ptr<const backend::RunnerState> state;
     int64_t bytes = 0;
   };
 
   // Longest cached prefix of ids with length <= max_tokens, or nullptr. Marks it recently used.
   const Entry* Lookup(std::span<const int32_t> ids, int64_t max_tokens);
   bool Contains(std::span<const int32_t> prefix) const;
-  void Insert(std::span<const int32_t> prefix,
-              std::shared_ptr<const backend::cpu::SequenceState> state, int64_t bytes);
+  void Insert(std::span<const int32_t> prefix, std::shared_ptr<const backend::RunnerState> state,
+              int64_t bytes);
   // Evicts least recently used entries until bytes() <= target_bytes.
   void EvictTo(int64_t target_bytes);
   int64_t bytes() const { return bytes_; }

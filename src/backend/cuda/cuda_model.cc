@@ -212,6 +212,80 @@ Result<std::unique_ptr<CudaSequence>> CudaModel::NewSequence() {
   return s;
 }
 
+namespace {
+
+Result<DeviceBuffer> CloneBuffer(CudaDevice& dev, const DeviceBuffer& from) {
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer b, dev.Alloc(from.bytes()));
+  if (from.bytes() > 0)
+    DSINFER_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(b.data(), from.data(), from.bytes(),
+                                                       cudaMemcpyDeviceToDevice, dev.stream()),
+                                       "copy sequence"));
+  return b;
+}
+
+Status CloneCompressor(CudaDevice& dev, const CudaCompressorState& from, CudaCompressorState* to) {
+  to->ratio = from.ratio, to->width = from.width, to->overlap = from.overlap;
+  DSINFER_ASSIGN_OR_RETURN(to->pending_a, CloneBuffer(dev, from.pending_a));
+  DSINFER_ASSIGN_OR_RETURN(to->pending_g, CloneBuffer(dev, from.pending_g));
+  DSINFER_ASSIGN_OR_RETURN(to->prev_a, CloneBuffer(dev, from.prev_a));
+  DSINFER_ASSIGN_OR_RETURN(to->prev_score, CloneBuffer(dev, from.prev_score));
+  return Status::Ok();
+}
+
+int64_t CompressorBytes(const CudaCompressorState& c) {
+  return static_cast<int64_t>(c.pending_a.bytes() + c.pending_g.bytes() + c.prev_a.bytes() +
+                              c.prev_score.bytes());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CudaSequence>> CudaModel::CopySequence(const CudaSequence& from) {
+  if (from.owner != this) return InvalidArgument("CopySequence: the sequence is another model's");
+  DSINFER_RETURN_IF_ERROR(dev_.Activate());
+  auto s = std::make_unique<CudaSequence>();
+  s->owner = this;
+  s->n_tokens = from.n_tokens;
+  s->layers.resize(from.layers.size());
+  for (size_t li = 0; li < from.layers.size(); ++li) {
+    const CudaLayerState& a = from.layers[li];
+    CudaLayerState& b = s->layers[li];
+    DSINFER_ASSIGN_OR_RETURN(b.ring, CloneBuffer(dev_, a.ring));
+    DSINFER_ASSIGN_OR_RETURN(b.pool, CloneBuffer(dev_, a.pool));
+    b.compressed_capacity = a.compressed_capacity;
+    DSINFER_ASSIGN_OR_RETURN(b.index_keys, CloneBuffer(dev_, a.index_keys));
+    b.index_capacity = a.index_capacity;
+    DSINFER_RETURN_IF_ERROR(CloneCompressor(dev_, a.compressor, &b.compressor));
+    DSINFER_RETURN_IF_ERROR(CloneCompressor(dev_, a.index_compressor, &b.index_compressor));
+  }
+  return s;
+}
+
+int64_t CudaModel::SequenceBytes(const CudaSequence& seq) {
+  int64_t b = 0;
+  for (const CudaLayerState& ls : seq.layers)
+    b += static_cast<int64_t>(ls.ring.bytes() + ls.pool.bytes() + ls.index_keys.bytes()) +
+         CompressorBytes(ls.compressor) + CompressorBytes(ls.index_compressor);
+  return b;
+}
+
+int64_t CudaModel::SequenceBytesAt(int64_t n_tokens) const {
+  // NewSequence's buffers and EnsureCapacity's growth rule, with the doubling's worst case
+  // (capacity < 2 x need, or the minimum of 16 rows).
+  const model::ModelConfig& c = config();
+  const int64_t hd = c.head_dim, ihd = c.index_head_dim;
+  const int64_t window_region = c.window - 1 + kMaxStepTokens;
+  int64_t b = 0;
+  for (int li = 0; li < c.n_layers; ++li) {
+    const int r = c.CompressRatio(li);
+    const int64_t need = r > 0 ? std::max<int64_t>(0, n_tokens) / r : 0;
+    const int64_t cap = r > 0 ? std::max<int64_t>(16, 2 * need) : 0;
+    b += int64_t{c.window} * hd * 4 + (window_region + cap) * hd * 4;
+    if (r > 0) b += int64_t{2} * r * (r == 4 ? 2 : 1) * hd * 4 * (r == 4 ? 2 : 1);
+    if (r == 4) b += cap * ihd * 4 + int64_t{4} * 4 * 2 * ihd * 4;
+  }
+  return b;
+}
+
 // The pool holds the window region (window - 1 + kMaxStepTokens rows) and the compressed rows
 // of n_tokens_after positions; index keys likewise. Growth doubles and keeps the rows.
 Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after) {

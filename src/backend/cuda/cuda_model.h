@@ -11,8 +11,8 @@
 // copied back and rebuilt on the host, and small index buffers are uploaded from pageable
 // memory, so a step synchronises several times per layer.
 //
-// Thread-compatible: one owner thread (the engine's), like CpuModel. Not behind the engine or
-// the server yet (docs/SUPPORT.md).
+// Thread-compatible: one owner thread (the engine's), like CpuModel. The engine steps it
+// through backend/cuda/cuda_runner.h.
 #pragma once
 
 #include <chrono>
@@ -96,6 +96,13 @@ class CudaModel {
   const cpu::StepStats& last_step_stats() const { return step_stats_; }
 
   Result<std::unique_ptr<CudaSequence>> NewSequence();
+  // An exact copy of `from` (device-to-device, queued on the stream): prefix-cache snapshots
+  // and restores, n > 1 forks.
+  Result<std::unique_ptr<CudaSequence>> CopySequence(const CudaSequence& from);
+  // Device bytes a sequence holds now, and an upper bound of what it holds after n_tokens
+  // tokens (its compressed rows grow by doubling: at most twice what they need).
+  static int64_t SequenceBytes(const CudaSequence& seq);
+  int64_t SequenceBytesAt(int64_t n_tokens) const;
 
   // Wall time per phase of the steps run since the last reset, when enabled (benchmarks only:
   // each phase then ends with a device synchronisation, which itself costs a little).
