@@ -7,56 +7,16 @@
 #include <thread>
 
 #include "../backend/test_models.h"
+#include "../engine_test_util.h"
 #include "backend/cpu/cpu_model.h"
 
 namespace dsinfer::runtime {
 namespace {
 
-std::vector<int32_t> Ids(int n, uint32_t seed, int vocab = 1024) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(2, vocab - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason reason = FinishReason::kNone;
-  Usage usage;
-};
-
-// Collects sample `index` of a stream until it finishes.
-std::vector<Outcome> Collect(RequestStream& stream, int n = 1) {
-  std::vector<Outcome> out(n);
-  int done = 0;
-  while (done < n) {
-    auto ev = stream.Next(std::chrono::milliseconds(120000));
-    EXPECT_TRUE(ev.has_value()) << "timed out";
-    if (!ev) break;
-    Outcome& o = out[ev->index];
-    o.tokens.insert(o.tokens.end(), ev->tokens.begin(), ev->tokens.end());
-    for (const auto& lp : ev->logprobs) o.logprobs.push_back(lp.logprob);
-    o.usage = ev->usage;
-    if (ev->finished) {
-      o.reason = ev->finish_reason;
-      ++done;
-    }
-  }
-  return out;
-}
-
-RequestParams Greedy(std::vector<int32_t> prompt, int max_tokens) {
-  RequestParams p;
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0.0;
-  p.sampling.has_seed = true;
-  p.ignore_eos = true;
-  p.top_logprobs = 2;
-  return p;
-}
+using dsinfer::testing::Collect;
+using dsinfer::testing::Greedy;
+using dsinfer::testing::Ids;
+using dsinfer::testing::Outcome;
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
   const auto& w = dsinfer::testing::PresetWeights("tiny-a");
