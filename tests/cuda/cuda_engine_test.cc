@@ -8,8 +8,6 @@
 // steps to amplify the difference).
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "../backend/test_models.h"
 #include "../engine_test_util.h"
 #include "backend/cuda/cuda_runner.h"

@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
 #include <thread>
 
 #include "../backend/test_models.h"
