@@ -279,9 +279,12 @@ int64_t CudaModel::SequenceBytesAt(int64_t n_tokens) const {
     const int r = c.CompressRatio(li);
     const int64_t need = r > 0 ? std::max<int64_t>(0, n_tokens) / r : 0;
     const int64_t cap = r > 0 ? std::max<int64_t>(16, 2 * need) : 0;
-    b += int64_t{c.window} * hd * 4 + (window_region + cap) * hd * 4;
-    if (r > 0) b += int64_t{2} * r * (r == 4 ? 2 : 1) * hd * 4 * (r == 4 ? 2 : 1);
-    if (r == 4) b += cap * ihd * 4 + int64_t{4} * 4 * 2 * ihd * 4;
+    b += int64_t{c.window} * hd * 4 + (window_region + cap) * hd * 4;  // ring + pool
+    if (r > 0) {
+      const int64_t width = (r == 4 ? 2 : 1) * hd;  // the compressor's projection width
+      b += (r == 4 ? 4 : 2) * r * width * 4;        // pending a / g (+ previous a / score)
+    }
+    if (r == 4) b += cap * ihd * 4 + 4 * 4 * (2 * ihd) * 4;  // indexer keys + its compressor
   }
   return b;
 }

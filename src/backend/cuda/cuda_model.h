@@ -8,8 +8,9 @@
 //
 // What the host still does per layer and step (correctness first; docs/SUPPORT.md): the
 // routed-token grouping, the sparse-attention row lists and the indexer's top-k selection are
-// copied back and rebuilt on the host, and small index buffers are uploaded from pageable
-// memory, so a step synchronises several times per layer.
+// rebuilt on the host (the router's choices and, past the top-k size, the indexer's selection
+// come back once per layer); the index lists go up through pinned staging without draining the
+// stream (CudaDevice::UploadStaged).
 //
 // Thread-compatible: one owner thread (the engine's), like CpuModel. The engine steps it
 // through backend/cuda/cuda_runner.h.

@@ -1,7 +1,8 @@
 // Generic CUDA kernels of the V4 forward (see kernels.h). They decode the checkpoint's formats
 // exactly (e4m3, e2m1, e8m0 are exact in fp32) and compute in fp32, rounding with explicit _rn
 // intrinsics where the CPU oracle (backend/cpu) multiplies and adds separately, so the GPU
-// differs from the CPU only by summation order. Tensor-core paths are later work (paths.h).
+// differs from the CPU only by summation order. The official numerics' FP8 linears of 9+ tokens
+// run on tensor cores instead (tc_gemm.cu).
 #include <algorithm>
 #include <climits>
 #include <cstdint>

@@ -12,8 +12,9 @@
 // within 16 or 32 products and by the MMA's own internal adds (measured: docs/NUMERICS.md).
 //   kF16: codes widened exactly to fp16 (e4m3 is a subset), m16n8k16 fp16 MMA with fp32
 //         accumulation: any sm_80+ device.
-//   kFp8: m16n8k32 e4m3 MMA (sm_89+): twice the rate, but the hardware adds inside the MMA with
-//         fewer bits than fp32.
+//   kFp8: m16n8k32 e4m3 MMA (sm_89+): twice the MMA rate. Hopper's FP8 MMAs add with fewer
+//         bits than fp32 when one accumulator runs across many instructions; from zero over 32
+//         products the measured error equals the fp16 path's (H200, docs/NUMERICS.md).
 // Both read A and B fragments from the same byte offsets of the same k range, so the pairing of
 // k slots inside an MMA never depends on which of the two documented fragment orders the
 // hardware uses.
