@@ -176,11 +176,11 @@ int RunGenerate(int argc, char** argv) {
       "[--max-tokens N] "
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
-      "[--tokenizer FILE] [--weights auto|map|copy]";
+      "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N]";
   Args args;
   if (!args.Parse(argc, argv,
                   {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
-                   "seed", "numerics", "threads", "tokenizer", "weights"},
+                   "seed", "numerics", "threads", "tokenizer", "weights", "device"},
                   {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
@@ -195,6 +195,8 @@ int RunGenerate(int argc, char** argv) {
     return Usage(usage, "invalid sampling parameters");
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
+  const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
+  if (!device) return Usage(usage, "--device must be cpu, cuda or cuda:N");
   const std::string model_dir = *args.Get("model");
 
   // Text prompts: the model directory's tokenizer; --chat renders a one-turn conversation with
@@ -235,10 +237,17 @@ int RunGenerate(int argc, char** argv) {
   if (!residency) return Usage(usage, kWeightResidencyFlagError);
   auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate");
   if (weights == nullptr) return 1;
-  ThreadPool pool(static_cast<int>(threads));
-  auto cpu = backend::cpu::CpuModel::Create(*weights, *numerics, pool);
-  if (!cpu.ok()) return Fail(cpu.status());
-  auto state = (*cpu)->NewSequence();
+  auto runner = MakeRunner(*device, *weights, *numerics, static_cast<int>(threads));
+  if (!runner.ok()) return Fail(runner.status());
+  auto state = (*runner)->NewState();
+  if (!state.ok()) return Fail(state.status());
+  // One sequence stepped through the runner: the last position's logits into `out`.
+  backend::cpu::ForwardOutput out;
+  auto forward = [&](std::span<const int32_t> tokens) {
+    out.logits.clear();
+    backend::RunnerChunk chunk{state->get(), tokens, {}, &out};
+    return (*runner)->ForwardBatch(std::span<backend::RunnerChunk>(&chunk, 1));
+  };
   runtime::SamplingParams sp{
       temperature, top_p, static_cast<int>(top_k), 0.0, static_cast<uint64_t>(seed), true};
   const int eos = weights->config().eos_token_id;
@@ -261,8 +270,7 @@ int RunGenerate(int argc, char** argv) {
   };
 
   auto t0 = std::chrono::steady_clock::now();
-  backend::cpu::ForwardOutput out;
-  Status st = (*cpu)->Forward(*state, ids, {}, &out);
+  Status st = forward(ids);
   if (!st.ok()) return Fail(st);
   auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
@@ -277,8 +285,8 @@ int RunGenerate(int argc, char** argv) {
     }
     emit(tok, i == 0);
     if (i + 1 == max_tokens) break;
-    int32_t one[1] = {tok};
-    st = (*cpu)->Forward(*state, one, {}, &out);
+    const int32_t one[1] = {tok};
+    st = forward(one);
     if (!st.ok()) return Fail(st);
   }
   auto t2 = std::chrono::steady_clock::now();
