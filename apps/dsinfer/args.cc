@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 namespace dsinfer::cli {
 
@@ -121,6 +122,21 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
                (*weights)->copied() ? "copied into memory" : "mapped from the files",
                std::string(model::WeightResidencyName(residency)).c_str(), seconds);
   return std::move(*weights);
+}
+
+std::string FindTokenizer(const std::string& model_dir, const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (!flag.empty()) return flag;
+  const fs::path in_model = fs::path(model_dir) / "tokenizer.json";
+  std::error_code ec;
+  if (fs::exists(in_model, ec)) return in_model.string();
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path dir = exe.parent_path(); !ec && !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    const fs::path candidate = dir / "tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
+    if (fs::exists(candidate, ec)) return candidate.string();
+  }
+  return in_model.string();
 }
 
 }  // namespace dsinfer::cli

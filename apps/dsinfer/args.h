@@ -48,4 +48,9 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
 // "0,5,7" -> {0,5,7}; false on malformed input.
 bool ParseIdList(const std::string& text, std::vector<int32_t>* out);
 
+// The tokenizer for a model directory: `flag` when given, else DIR/tokenizer.json, else (demo
+// models written without one) the repository's DeepSeek-V4 tokenizer found relative to this
+// binary, else DIR/tokenizer.json (whose absence the caller reports).
+std::string FindTokenizer(const std::string& model_dir, const std::string& flag);
+
 }  // namespace dsinfer::cli

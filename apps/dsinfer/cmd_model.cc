@@ -205,7 +205,7 @@ int RunGenerate(int argc, char** argv) {
   std::optional<text::OutputParser> parser;
   std::vector<int32_t> ids;
   if (auto prompt = args.Get("prompt")) {
-    auto tok = text::Tokenizer::FromFile(args.GetOr("tokenizer", model_dir + "/tokenizer.json"));
+    auto tok = text::Tokenizer::FromFile(FindTokenizer(model_dir, args.GetOr("tokenizer", "")));
     if (!tok.ok()) return Fail(tok.status());
     tokenizer.emplace(std::move(tok).value());
     if (args.Has("chat")) {

@@ -106,22 +106,6 @@ bool ReadKeys(const std::string& path, std::vector<std::string>* keys) {
   return true;
 }
 
-// The model directory should hold tokenizer.json. A demo model written before the demo writer
-// copied it gets the repository's DeepSeek-V4 tokenizer, found relative to this binary.
-std::string FindTokenizer(const std::string& model_dir, const std::string& flag) {
-  if (!flag.empty()) return flag;
-  fs::path in_model = fs::path(model_dir) / "tokenizer.json";
-  std::error_code ec;
-  if (fs::exists(in_model, ec)) return in_model.string();
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  for (fs::path dir = exe.parent_path(); !ec && !dir.empty() && dir != dir.root_path();
-       dir = dir.parent_path()) {
-    fs::path candidate = dir / "tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
-    if (fs::exists(candidate, ec)) return candidate.string();
-  }
-  return in_model.string();
-}
-
 }  // namespace
 
 int RunServe(int argc, char** argv) {
