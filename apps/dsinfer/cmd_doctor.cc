@@ -263,7 +263,7 @@ json GpuReport(StageRunner& stages) {
             std::to_string(failed) + " of " + std::to_string(total) + " conformance checks failed";
       } else if (!p.not_yet_used.empty()) {
         verdict = "degraded";
-        why = "correct on the generic kernels; not yet using:";
+        why = "every conformance check passes; not yet using:";
         for (const auto& s : p.not_yet_used) why += " " + s + ";";
       } else {
         verdict = "supported";
