@@ -36,7 +36,7 @@ Status TcMatMul(CudaDevice& dev, const DeviceWeight& w, const float* x, int64_t 
 // Below this many tokens the decode GEMV (one read of each weight row for all tokens, 16-byte
 // loads) is as fast and exact; the tensor-core path starts here.
 inline constexpr int64_t kTcMinTokens = 9;
-// The MMA TcMatMul uses on this device by default (docs/NUMERICS.md: why not FP8 MMA).
+// The MMA TcMatMul uses on this device by default (docs/NUMERICS.md: the measured error of each).
 TcMma DefaultTcMma(const DeviceInfo& info);
 
 // In place over rows x n; weight: device f32 [n] or nullptr.
