@@ -24,8 +24,14 @@
 #include "commands.h"
 #include "core/membw.h"
 #include "core/thread_pool.h"
+#include "model/config.h"
+#include "model/demo_model.h"
+#include "model/weights.h"
 
 #ifdef DSINFER_HAVE_CUDA
+#include <cerrno>
+#include <filesystem>
+
 #include "backend/cuda/conformance.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/paths.h"
@@ -37,6 +43,27 @@ namespace dsinfer::cli {
 namespace {
 
 using nlohmann::json;
+
+#ifdef DSINFER_HAVE_CUDA
+// backend/cuda CheckForward on the tiny-a preset, written to a fresh temporary directory.
+Result<backend::cuda::CheckResult> GpuForwardCheck(backend::cuda::CudaDevice& dev) {
+  char tmpl[] = "/tmp/dsinfer-doctor-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return IoError(std::string("mkdtemp: ") + std::strerror(errno));
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+  DSINFER_ASSIGN_OR_RETURN(model::ModelConfig config, model::PresetConfig("tiny-a"));
+  ThreadPool pool(2);
+  DSINFER_RETURN_IF_ERROR(model::WriteDemoModel(config, dir, model::DemoModelOptions{}, pool));
+  DSINFER_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::Load(dir));
+  return backend::cuda::CheckForward(dev, *weights, 64, 11);
+}
+#endif
 
 // Runs the doctor's stages under one wall-clock budget and records each stage's wall time, or
 // why it was skipped, in stages() (the report's "stages" array).
@@ -236,6 +263,23 @@ json GpuReport(StageRunner& stages) {
         }
         d["conformance"] = {{"checks", total}, {"failed", failed}, {"failures", checks}};
       });
+      // The whole forward on a generated tiny checkpoint (written to a temporary directory and
+      // removed after), GPU against CPU.
+      bool forward_ok = true;
+      stages.Run("gpu" + std::to_string(info.ordinal) + "_forward", [&] {
+        auto check = GpuForwardCheck(**dev);
+        if (!check.ok()) {
+          d["forward"] = {{"error", check.status().message()}};
+          forward_ok = false;
+          return;
+        }
+        d["forward"] = {{"op", check->op},
+                        {"shape", check->shape},
+                        {"ok", check->ok},
+                        {"budget_share", check->budget_share},
+                        {"detail", check->detail}};
+        forward_ok = check->ok;
+      });
       stages.Run("gpu" + std::to_string(info.ordinal) + "_probe", [&] {
         auto probe = cu::RunProbes(**dev);
         if (!probe.ok()) {
@@ -261,6 +305,9 @@ json GpuReport(StageRunner& stages) {
         verdict = "unsupported";
         why =
             std::to_string(failed) + " of " + std::to_string(total) + " conformance checks failed";
+      } else if (!forward_ok) {
+        verdict = "unsupported";
+        why = "the GPU forward disagrees with the CPU's (or could not run): see \"forward\"";
       } else if (!p.not_yet_used.empty()) {
         verdict = "degraded";
         why = "every conformance check passes; not yet using:";

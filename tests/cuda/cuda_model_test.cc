@@ -277,6 +277,13 @@ TEST(CudaModel, OfficialNumericsTrackTheCpu) {
 
 // One call (cut into 256-token steps inside), ragged chunks and one token at a time give the
 // same logits at the fp32 floor (the kernels differ by token count: GEMV vs tiled GEMM).
+// dsinfer doctor's whole-forward check (conformance.h CheckForward) on every tiny preset.
+TEST(CudaModel, DoctorForwardCheckPasses) {
+  DEVICE_OR_SKIP(dev);
+  for (const char* preset : {"tiny-a", "tiny-b", "tiny-c"})
+    ExpectPass(CheckForward(*dev, dsinfer::testing::PresetWeights(preset, 1), 64, 11));
+}
+
 TEST(CudaModel, ChunkingDoesNotChangeTheResult) {
   DEVICE_OR_SKIP(dev);
   const auto& weights = dsinfer::testing::PresetWeights("tiny-c", 1);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/model_kernels.h"
 #include "backend/cuda/ops.h"
 #include "backend/fp4_to_fp8.h"
@@ -963,6 +964,53 @@ void AppendV4OpConformance(CudaDevice& dev, uint32_t* seed, std::vector<CheckRes
 }
 
 }  // namespace
+
+CheckResult CheckForward(CudaDevice& dev, const model::ModelWeights& weights, int64_t n_tokens,
+                         uint32_t seed) {
+  CheckResult r;
+  r.op = "forward/fp32-reference";
+  const int64_t V = weights.config().vocab_size;
+  r.shape = Shape({{"tokens", n_tokens}, {"layers", weights.config().n_layers}, {"vocab", V}});
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n_tokens));
+  for (auto& id : ids) id = pick(rng);
+  ThreadPool pool(2);
+  ASSIGN_OR_FAIL(auto cpu_model, cpu::CpuModel::Create(weights, Numerics::Fp32Reference(), pool));
+  auto cpu_state = cpu_model->NewSequence();
+  cpu::ForwardOutput want, got;
+  CHECK_OK_OR_FAIL(cpu_model->Forward(*cpu_state, ids, {.all_logits = true}, &want));
+  ASSIGN_OR_FAIL(auto gpu_model, CudaModel::Create(dev, weights, Numerics::Fp32Reference()));
+  ASSIGN_OR_FAIL(auto gpu_state, gpu_model->NewSequence());
+  CHECK_OK_OR_FAIL(gpu_model->Forward(*gpu_state, ids, {.all_logits = true}, &got));
+  if (got.logits.size() != want.logits.size()) {
+    r.detail = "the GPU returned " + std::to_string(got.logits.size()) + " logits, the CPU " +
+               std::to_string(want.logits.size());
+    return r;
+  }
+  double worst = 0;
+  int64_t worst_pos = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    double err = 0, ref = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double a = got.logits[t * V + v], b = want.logits[t * V + v];
+      err += (a - b) * (a - b);
+      ref += b * b;
+    }
+    const double nmse = ref > 0 ? err / ref : err;
+    if (!(nmse <= worst)) {  // NaN counts as worst
+      worst = nmse;
+      worst_pos = t;
+    }
+  }
+  r.budget_share = worst / kForwardLogitsNmse;
+  r.ok = r.budget_share <= 1.0;
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "worst logits NMSE %.3g at position %lld (budget %.0e)",
+                worst, static_cast<long long>(worst_pos), kForwardLogitsNmse);
+  r.detail = detail;
+  return r;
+}
 
 std::vector<CheckResult> RunConformance(CudaDevice& dev) {
   std::vector<CheckResult> out;

@@ -91,6 +91,16 @@ CheckResult CheckActQuantCodes(CudaDevice& dev, int64_t rows, int64_t n, uint32_
 CheckResult CheckTcMatMul(CudaDevice& dev, TcMma mma, int64_t m, int64_t rows, int64_t cols,
                           uint32_t seed);
 
+// The whole GPU forward (CudaModel, fp32-reference numerics) against the CPU backend's
+// (CpuModel) on the same weights: the logits of every position of n_tokens seeded ids, worst
+// NMSE over positions against kForwardLogitsNmse. Both sides compute in fp32 with exactly
+// dequantized weights, so they differ by summation order only: the budget is the golden suites'
+// (tests/tolerance.h kGoldenLogitsNmse, 5x the transformers-vs-engine floor); measured on an
+// H200: 2.9e-13 (docs/SUPPORT.md).
+inline constexpr double kForwardLogitsNmse = 2e-11;
+CheckResult CheckForward(CudaDevice& dev, const model::ModelWeights& weights, int64_t n_tokens,
+                         uint32_t seed);
+
 // The standard grid (one token, ragged batches, sizes off the tile multiples, every format):
 // what `dsinfer doctor` runs. A few seconds on any supported GPU.
 std::vector<CheckResult> RunConformance(CudaDevice& dev);
