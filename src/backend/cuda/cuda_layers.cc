@@ -48,6 +48,13 @@ Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState
   const int r = st.ratio, w = st.width;
   const int64_t p0 = start_pos % r;  // tokens of the open group already in the state
   const int64_t n_all = p0 + T, n_groups = n_all / r, left = n_all % r;
+  if (n_groups == 0) {
+    // No group completes (most decode steps): the new rows join the open group in place, two
+    // copies instead of assembling the group elsewhere and copying it back (up to six).
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.pending_a.as<float>() + p0 * w, a, T * w, "open a"));
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.pending_g.as<float>() + p0 * w, g, T * w, "open g"));
+    return Status::Ok();
+  }
   // The open group's rows, then the step's: complete groups start at row 0.
   DSINFER_ASSIGN_OR_RETURN(float* a_all, ws_->Get(dev_, Workspace::kAall, n_all * w));
   DSINFER_ASSIGN_OR_RETURN(float* g_all, ws_->Get(dev_, Workspace::kGall, n_all * w));
@@ -55,25 +62,21 @@ Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState
   DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all, st.pending_g.as<float>(), p0 * w, "pending g"));
   DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all + p0 * w, a, T * w, "step a"));
   DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all + p0 * w, g, T * w, "step g"));
-  if (n_groups > 0) {
-    const bool has_prev = st.overlap && start_pos - p0 >= r;
-    DSINFER_RETURN_IF_ERROR(CompressorPool(dev_, a_all, g_all, cw.ape.as<float>(), n_groups, r, w,
-                                           st.overlap, has_prev ? st.prev_a.as<float>() : nullptr,
-                                           has_prev ? st.prev_score.as<float>() : nullptr,
-                                           rows_out));
-    if (st.overlap) {
-      const int64_t last = (n_groups - 1) * r * w;
-      DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.prev_a.as<float>(), a_all + last, r * w, "prev a"));
-      DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchAdd(g_all + last, cw.ape.as<float>(), r * w,
-                                                   st.prev_score.as<float>(), dev_.stream()),
-                                         "prev score"));
-    }
+  const bool has_prev = st.overlap && start_pos - p0 >= r;
+  DSINFER_RETURN_IF_ERROR(CompressorPool(dev_, a_all, g_all, cw.ape.as<float>(), n_groups, r, w,
+                                         st.overlap, has_prev ? st.prev_a.as<float>() : nullptr,
+                                         has_prev ? st.prev_score.as<float>() : nullptr, rows_out));
+  if (st.overlap) {
+    const int64_t last = (n_groups - 1) * r * w;
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.prev_a.as<float>(), a_all + last, r * w, "prev a"));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchAdd(g_all + last, cw.ape.as<float>(), r * w,
+                                                 st.prev_score.as<float>(), dev_.stream()),
+                                       "prev score"));
   }
   DSINFER_RETURN_IF_ERROR(
       CopyD2D(dev_, st.pending_a.as<float>(), a_all + n_groups * r * w, left * w, "open a"));
   DSINFER_RETURN_IF_ERROR(
       CopyD2D(dev_, st.pending_g.as<float>(), g_all + n_groups * r * w, left * w, "open g"));
-  if (n_groups == 0) return Status::Ok();
   // Post-processing of the new rows [n_groups, d].
   const bool rb = nm.round_bf16;
   if (rb)
