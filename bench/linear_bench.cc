@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--mib")) mib = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];  // a case name prefix
-    if (!std::strcmp(argv[i], "--m")) only_m = std::atoll(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];             // a case name prefix
+    if (!std::strcmp(argv[i], "--m")) only_m = std::atoll(argv[i + 1]);  // any count, e.g. 256
     if (!std::strcmp(argv[i], "--kernel")) kernel_name = argv[i + 1];
     if (!std::strcmp(argv[i], "--fp8-codes")) fp8_codes = argv[i + 1];
     if (!std::strcmp(argv[i], "--warm")) warm = std::atoi(argv[i + 1]) != 0;
@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).rfind(only, 0) != 0) continue;
     Set set = MakeSet(c.f, c.rows, c.cols, mib << 20, fp8_codes == "trained");
-    for (int64_t m : {1, 2, 4, 16, 64}) {
-      if (only_m != 0 && m != only_m) continue;
+    const std::vector<int64_t> token_counts =
+        only_m > 0 ? std::vector<int64_t>{only_m} : std::vector<int64_t>{1, 2, 4, 16, 64};
+    for (int64_t m : token_counts) {
       if (kernel == amx::Kernel::kVector && !(amx_on && amx::VectorApplies(set.mats[0].view, m)))
         continue;
       std::vector<int64_t> tokens(m);
@@ -146,12 +147,17 @@ int main(int argc, char** argv) {
       std::sort(gbps.begin(), gbps.end());
       // Per CPU second: what the threads achieved while they ran, which a host taking this
       // machine's CPU time away (steal) does not dilute.
+      // Multiply-adds per CPU second: the figure to hold against the FMA peak
+      // (bench/cpu_peak_bench) once many tokens make the kernel compute bound.
+      const double weights_per_byte = c.f == WeightFormat::kBF16        ? 0.5
+                                      : c.f == WeightFormat::kFp4Packed ? 2.0
+                                                                        : 1.0;
+      const double cpu_gbps = cpu > 0 ? set.bytes * double(repeats) / cpu / 1e9 : 0.0;
       std::printf(
           "%-26s m=%-3lld  weights at %5.1f%% of read bandwidth (median of %d, %.2f GB/s)  "
-          "cpu/wall %.2f  %.2f GB/s per CPU second\n",
+          "cpu/wall %.2f  %.2f GB/s per CPU second  %.2f GMAC/s per CPU second\n",
           c.name, static_cast<long long>(m), 100 * times[times.size() / 2], repeats,
-          gbps[gbps.size() / 2], cpu / wall,
-          cpu > 0 ? set.bytes * double(repeats) / cpu / 1e9 : 0.0);
+          gbps[gbps.size() / 2], cpu / wall, cpu_gbps, cpu_gbps * weights_per_byte * m);
     }
   }
 }

@@ -105,34 +105,37 @@ TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
 
 // A token's row must not depend on the call it is in: alone vs. at any position in a batch that
 // mixes bf16-exact (AMX when present) and arbitrary fp32 rows (FP32 kernels).
+// 37 and 100 tokens take the FP8 / FP4 panels (linear_panel.cc): groups of 6 with a ragged one,
+// one and three chunks of 48; the rows alone take the one-row GEMV.
 TEST(Linear, TokenResultIsIndependentOfTheBatch) {
   ThreadPool pool(2);
-  for (const Shape& s : kShapes) {
-    HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 7);
-    const int64_t m = 37;
-    auto xq = MakeTokens(m, s.cols, true, 8);
-    auto xf = MakeTokens(m, s.cols, false, 9);
-    std::vector<float> x(m * s.cols);
-    for (int64_t t = 0; t < m; ++t) {  // every third row arbitrary fp32
-      const auto& src = t % 3 == 1 ? xf : xq;
-      std::copy_n(src.data() + t * s.cols, s.cols, x.data() + t * s.cols);
+  for (const Shape& s : kShapes)
+    for (const int64_t m : {37, 100}) {
+      HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 7);
+      auto xq = MakeTokens(m, s.cols, true, 8);
+      auto xf = MakeTokens(m, s.cols, false, 9);
+      std::vector<float> x(m * s.cols);
+      for (int64_t t = 0; t < m; ++t) {  // every third row arbitrary fp32
+        const auto& src = t % 3 == 1 ? xf : xq;
+        std::copy_n(src.data() + t * s.cols, s.cols, x.data() + t * s.cols);
+      }
+      std::vector<float> batch(m * s.rows), alone(s.rows);
+      MatMul(w.view, x.data(), m, batch.data(), pool);
+      for (int64_t t = 0; t < m; ++t) {
+        MatMul(w.view, x.data() + t * s.cols, 1, alone.data(), pool);
+        for (int64_t r = 0; r < s.rows; ++r)
+          ASSERT_EQ(std::bit_cast<uint32_t>(alone[r]),
+                    std::bit_cast<uint32_t>(batch[t * s.rows + r]))
+              << "token " << t << " row " << r << " rows " << s.rows << " cols " << s.cols;
+      }
+      // A row range (the grouped output projection's use) equals the same rows of the full call.
+      std::vector<float> part(m * 5);
+      const int64_t r0 = s.rows > 5 ? s.rows - 5 : 0, r1 = std::min<int64_t>(s.rows, r0 + 5);
+      MatMulRows(w.view, r0, r1, x.data(), m, part.data(), pool);
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t r = r0; r < r1; ++r)
+          ASSERT_EQ(part[t * (r1 - r0) + (r - r0)], batch[t * s.rows + r]);
     }
-    std::vector<float> batch(m * s.rows), alone(s.rows);
-    MatMul(w.view, x.data(), m, batch.data(), pool);
-    for (int64_t t = 0; t < m; ++t) {
-      MatMul(w.view, x.data() + t * s.cols, 1, alone.data(), pool);
-      for (int64_t r = 0; r < s.rows; ++r)
-        ASSERT_EQ(std::bit_cast<uint32_t>(alone[r]), std::bit_cast<uint32_t>(batch[t * s.rows + r]))
-            << "token " << t << " row " << r << " rows " << s.rows << " cols " << s.cols;
-    }
-    // A row range (the grouped output projection's use) equals the same rows of the full call.
-    std::vector<float> part(m * 5);
-    const int64_t r0 = s.rows > 5 ? s.rows - 5 : 0, r1 = std::min<int64_t>(s.rows, r0 + 5);
-    MatMulRows(w.view, r0, r1, x.data(), m, part.data(), pool);
-    for (int64_t t = 0; t < m; ++t)
-      for (int64_t r = r0; r < r1; ++r)
-        ASSERT_EQ(part[t * (r1 - r0) + (r - r0)], batch[t * s.rows + r]);
-  }
 }
 
 TEST(Linear, Bf16ExactnessIsDecidedPerValue) {

@@ -1,16 +1,13 @@
 #include "backend/cpu/linear.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define DSINFER_X86_AVX2 1
-#endif
-
 #include "backend/cpu/linear_amx.h"
 #include "backend/cpu/linear_bf16dot.h"
+#include "backend/cpu/linear_fused.h"
 #include "core/dtype.h"
 
 namespace dsinfer::backend::cpu {
@@ -109,14 +106,8 @@ void Dot4(const float* x, const float* w0, const float* w1, const float* w2, con
     a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + i), a2);
     a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + i), a3);
   }
-  auto hsum = [](__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-  };
-  s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  s0 = fused::HorizontalSum(a0), s1 = fused::HorizontalSum(a1);
+  s2 = fused::HorizontalSum(a2), s3 = fused::HorizontalSum(a3);
 #endif
   for (; i < n; ++i) {
     s0 += x[i] * w0[i];
@@ -128,49 +119,12 @@ void Dot4(const float* x, const float* w0, const float* w1, const float* w2, con
 }
 
 #ifdef DSINFER_X86_AVX2
-float HorizontalSum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-
-inline __m256 LoadBf16x8(const uint8_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// 8 e4m3 codes -> fp32 * 2^-8 (the 2^8 bias correction is folded into the block scale).
-inline __m256 LoadE4M3x8(const uint8_t* p) {
-  __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
-  __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
-  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
-}
-
-// Scale(row, column) x 0.5 of FP4 rows r .. r + R - 1 for the 8 blocks of 32 columns from
-// `block` (fewer at the end of a row): e8m0 codes 1 .. 254 are the fp32 exponent bits; 0 and
-// 255 (2^-127 and NaN) take Scale()'s general decode.
-template <int R>
-inline void Fp4BlockScales(const WeightMatrix& w, int64_t r, int64_t block, float (*out)[8]) {
-  const int64_t n = std::min<int64_t>(8, w.scale_cols - block);
-  for (int i = 0; i < R; ++i) {
-    if (n == 8 && w.scale_dtype != DType::kF32) {
-      const uint8_t* codes = w.scales + (r + i) * w.scale_cols + block;
-      const __m256i c =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-      const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
-                                              _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
-      if (_mm256_testz_si256(special, special)) {
-        _mm256_storeu_ps(out[i], _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(c, 23)),
-                                               _mm256_set1_ps(0.5f)));
-        continue;
-      }
-    }
-    for (int64_t b = 0; b < n; ++b) out[i][b] = w.Scale(r + i, (block + b) * 32) * 0.5f;
-  }
-}
+using fused::Fp4BlockScales;
+using fused::Fp8BlockScale;
+using fused::HorizontalSum;
+using fused::LoadBf16x8;
+using fused::LoadE2M1x32;
+using fused::LoadE4M3x8;
 
 // Fused dequantize-and-dot of R weight rows with M token rows: each weight row is read once,
 // converted in registers and multiplied into all M token rows, with no intermediate buffer.
@@ -207,38 +161,27 @@ void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, in
         }
       }
       for (int i = 0; i < R; ++i) {
-        __m256 s = _mm256_set1_ps(w.Scale(r + i, c0) * 256.0f);
+        __m256 s = _mm256_set1_ps(Fp8BlockScale(w, r + i, c0));
         for (int j = 0; j < M; ++j) acc[i][j] = _mm256_fmadd_ps(part[i][j], s, acc[i][j]);
       }
     }
   } else {  // kFp4Packed: [R, k/2] bytes, two e2m1 codes each, one scale per 32 columns
     const uint8_t* rows = w.data + r * (k / 2);
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    // The block scales (x 0.5: the LUT holds twice the e2m1 values) of 8 blocks at a time,
+    // The block scales (x 0.5: the decoder yields twice the e2m1 values) of 8 blocks at a time,
     // decoded together instead of one Scale() call per 32 weights inside the loop.
     float scales[R][8];
     for (int64_t c0 = 0; c0 < k; c0 += 32) {
       const int64_t block = c0 / 32;
       if (block % 8 == 0) Fp4BlockScales<R>(w, r, block, scales);
       for (int i = 0; i < R; ++i) {
-        __m128i bytes =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + i * (k / 2) + c0 / 2));
-        __m128i lo = _mm_and_si128(bytes, mask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-        __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
-        __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
-        __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-        __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
-        __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-        __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+        __m256 wv[4];
+        LoadE2M1x32(rows + i * (k / 2) + c0 / 2, wv);
         const __m256 s = _mm256_broadcast_ss(&scales[i][block % 8]);
         for (int j = 0; j < M; ++j) {
           const float* xj = x + j * k + c0;
-          __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xj));
-          p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), p);
-          p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), p);
-          p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), p);
+          // From zero by FMA, like the FP8 blocks and linear_panel.cc (not a multiply).
+          __m256 p = _mm256_setzero_ps();
+          for (int q = 0; q < 4; ++q) p = _mm256_fmadd_ps(wv[q], _mm256_loadu_ps(xj + 8 * q), p);
           acc[i][j] = _mm256_fmadd_ps(p, s, acc[i][j]);
         }
       }
@@ -284,12 +227,7 @@ float Dot(const float* a, const float* b, int64_t n) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
-  acc0 = _mm256_add_ps(acc0, acc1);
-  __m128 lo = _mm256_castps256_ps128(acc0), hi = _mm256_extractf128_ps(acc0, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  s = _mm_cvtss_f32(lo);
+  s = fused::HorizontalSum(_mm256_add_ps(acc0, acc1));
 #endif
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
@@ -321,18 +259,34 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
   const int64_t k = w.cols;
 #ifdef DSINFER_X86_AVX2
   // Fused kernels: each weight row is converted in registers and multiplied into up to 4 token
-  // rows at a time. Every (row, token) dot product is computed by the same instruction sequence
-  // whatever m is, so results are bit-identical between one-shot prefill, chunked prefill,
-  // decode and any batch composition (the runtime's invariance guarantees rest on this).
-  // Row tiles keep a tile's weights in L2 while all token groups pass over them.
+  // rows at a time (GemvRows), or, at many tokens, decoded into an L1 panel shared by 48 token
+  // rows (fused::PanelRows). Every (row, token) dot product is computed by the same instruction
+  // sequence whatever m is and whichever kernel runs it, so results are bit-identical between
+  // one-shot prefill, chunked prefill, decode and any batch composition (the runtime's invariance
+  // guarantees rest on this). Row tiles keep a tile's weights in L2 while all token groups pass
+  // over them.
   if (FusedGemvApplies(w)) {
-    constexpr int64_t kRowTile = 16;
+    constexpr int64_t kRowTile = 16;  // fused::PanelRows takes at most 16 rows
+    // The register-blocked panels (linear_panel.cc) decode FP8 / FP4 rows once per 48 tokens
+    // instead of once per 4. Median multiply-adds per core on a 2-core Zen VM, GEMV -> panels
+    // (bench/linear_bench --threads 1 --m N, 3 interleaved rounds): FP8 at 16 / 64 / 256
+    // tokens 8.5 -> 10.3, 8.7 -> 11.9, 7.6 -> 11.8 GMAC/s (8 tokens: 9.1 -> 7.9, a loss); FP4
+    // at 16 / 64 / 256 tokens 8.5 -> 8.5, 9.1 -> 10.4, 8.3 -> 9.3. bf16, whose decode is one
+    // shift, stays on the GEMV.
+    const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block    ? 16
+                                     : w.format == WeightFormat::kFp4Packed ? 32
+                                                                            : INT64_MAX;
+    const bool panels = m >= panel_min_tokens;
     const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
     pool.ParallelForRange(
         n_tiles,
         [&](int64_t ta, int64_t tb) {
           for (int64_t t = ta; t < tb; ++t) {
             int64_t r0 = row_begin + t * kRowTile, r1 = std::min(row_end, r0 + kRowTile);
+            if (panels) {
+              fused::PanelRows(w, r0, r1, x, m, y, n_out, r0 - row_begin);
+              continue;
+            }
             for (int64_t g = 0; g < m; g += 4) {
               const float* xg = x + g * k;
               float* yg = y + g * n_out;

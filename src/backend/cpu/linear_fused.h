@@ -1,0 +1,97 @@
+// Building blocks of the CPU's fused FP32 kernels (linear.cc: one-row GEMV, linear_panel.cc:
+// register-blocked panels): weight decoders that are exact in fp32 and the horizontal sum.
+// Both kernels compute every (row, token) dot product with the same instruction sequence, so a
+// token's result never depends on which kernel or batch it went through; these shared helpers
+// are half of that guarantee.
+// Internal to backend/cpu; AVX2 + FMA + F16C builds only.
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define DSINFER_X86_AVX2 1
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace dsinfer::backend::cpu::fused {
+
+// Lanes summed pairwise in a fixed order (the last step of every fused dot product).
+inline float HorizontalSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+// 8 bf16 -> fp32 (exact).
+inline __m256 LoadBf16x8(const uint8_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 e4m3 codes -> fp32 * 2^-8 (the 2^8 bias correction is folded into the block scale). The
+// bits move into fp16 position; e4m3 subnormals become fp16 subnormals of the same value.
+inline __m256 LoadE4M3x8(const uint8_t* p) {
+  __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+  __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+}
+
+// 32 e2m1 codes (16 bytes, low nibble = even column) -> 4 x 8 fp32 holding twice their values
+// (integers -12 .. 12, exact), columns in order.
+inline void LoadE2M1x32(const uint8_t* p, __m256 out[4]) {
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i lo = _mm_and_si128(bytes, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+  __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+}
+
+// Scale(row, column) x 0.5 of FP4 rows r .. r + R - 1 for the 8 blocks of 32 columns from
+// `block` (fewer at the end of a row): e8m0 codes 1 .. 254 are the fp32 exponent bits; 0 and
+// 255 (2^-127 and NaN) take Scale()'s general decode. The 0.5 undoes LoadE2M1x32's doubling.
+template <int R>
+inline void Fp4BlockScales(const model::WeightMatrix& w, int64_t r, int64_t block,
+                           float (*out)[8]) {
+  const int64_t n = std::min<int64_t>(8, w.scale_cols - block);
+  for (int i = 0; i < R; ++i) {
+    if (n == 8 && w.scale_dtype != DType::kF32) {
+      const uint8_t* codes = w.scales + (r + i) * w.scale_cols + block;
+      const __m256i c =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+      const __m256i special = _mm256_or_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()),
+                                              _mm256_cmpeq_epi32(c, _mm256_set1_epi32(255)));
+      if (_mm256_testz_si256(special, special)) {
+        _mm256_storeu_ps(out[i], _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(c, 23)),
+                                               _mm256_set1_ps(0.5f)));
+        continue;
+      }
+    }
+    for (int64_t b = 0; b < n; ++b) out[i][b] = w.Scale(r + i, (block + b) * 32) * 0.5f;
+  }
+}
+
+// The FP8 block scale that goes with LoadE4M3x8's codes: Scale(r, c) x 2^8.
+inline float Fp8BlockScale(const model::WeightMatrix& w, int64_t r, int64_t c) {
+  return w.Scale(r, c) * 256.0f;
+}
+
+// Rows [r0, r1) of FP8 / FP4 w (r1 - r0 <= 16) against m >= 1 token rows x [m, w.cols], blocked
+// over column panels that stay in L1 (linear_panel.cc). Writes y[j * ldy + y_offset + r - r0],
+// bit-identical to the one-row GEMV of linear.cc for every (row, token).
+void PanelRows(const model::WeightMatrix& w, int64_t r0, int64_t r1, const float* x, int64_t m,
+               float* y, int64_t ldy, int64_t y_offset);
+
+}  // namespace dsinfer::backend::cpu::fused
+
+#endif
