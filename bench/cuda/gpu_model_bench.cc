@@ -53,7 +53,7 @@ std::vector<int64_t> ParseList(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir, numerics_name = "official", fp8_gemm_name = "auto";
+  std::string dir, numerics_name = "official", fp8_gemm_name = "auto", expert_gemm_name = "auto";
   std::vector<int64_t> contexts = {128, 1024}, batches = {1};
   int decode = 16, repeats = 3;
   bool phases = false;
@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
       numerics_name = argv[i + 1];
     else if (!std::strcmp(argv[i], "--fp8-gemm"))
       fp8_gemm_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--expert-gemm"))
+      expert_gemm_name = argv[i + 1];
     else if (!std::strcmp(argv[i], "--phases"))
       phases = std::atoi(argv[i + 1]) != 0;
     else {
@@ -86,14 +88,22 @@ int main(int argc, char** argv) {
                                                         {"tensor-fp8", Fp8GemmPath::kTensorFp8}};
   const auto path_it = std::find_if(std::begin(kPaths), std::end(kPaths),
                                     [&](const auto& p) { return fp8_gemm_name == p.first; });
-  if (dir.empty() || contexts.empty() || batches.empty() ||
+  using backend::cuda::ExpertGemmPath;
+  const std::pair<const char*, ExpertGemmPath> kExpertPaths[] = {
+      {"auto", ExpertGemmPath::kAuto},
+      {"cuda-cores", ExpertGemmPath::kCudaCores},
+      {"tensor", ExpertGemmPath::kTensor}};
+  const auto expert_it = std::find_if(std::begin(kExpertPaths), std::end(kExpertPaths),
+                                      [&](const auto& p) { return expert_gemm_name == p.first; });
+  if (dir.empty() || contexts.empty() || batches.empty() || expert_it == std::end(kExpertPaths) ||
       *std::min_element(batches.begin(), batches.end()) < 1 ||
       (numerics_name != "official" && numerics_name != "fp32-reference") ||
       path_it == std::end(kPaths)) {
     std::fprintf(stderr,
                  "usage: gpu_model_bench --model DIR [--context 128,1024] [--batch 1] "
                  "[--decode 16] [--repeats 3] [--numerics official|fp32-reference] "
-                 "[--fp8-gemm auto|generic|tensor-f16|tensor-fp8] [--phases 1]\n");
+                 "[--fp8-gemm auto|generic|tensor-f16|tensor-fp8] "
+                 "[--expert-gemm auto|cuda-cores|tensor] [--phases 1]\n");
     return 1;
   }
   const backend::Numerics numerics = numerics_name == "official"
@@ -116,7 +126,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto t_up = Clock::now();
-  auto m = backend::cuda::CudaModel::Create(**dev, **weights, numerics, path_it->second);
+  auto m = backend::cuda::CudaModel::Create(**dev, **weights, numerics, path_it->second,
+                                            expert_it->second);
   if (!m.ok()) {
     std::fprintf(stderr, "gpu_model_bench: %s\n", m.status().ToString().c_str());
     return 1;
@@ -125,9 +136,9 @@ int main(int argc, char** argv) {
   const int64_t dense = model::DenseDecodeBytes(**weights);
   std::printf(
       "device %s: read probe %.0f GB/s (%.0f%% of the %.0f GB/s peak); model %s, %s "
-      "numerics, FP8 GEMM %s; %.2f GB on the device, uploaded in %.2f s\n",
+      "numerics, FP8 GEMM %s, experts %s; %.2f GB on the device, uploaded in %.2f s\n",
       (*dev)->info().name.c_str(), probe->read_gbps, 100 * probe->read_gbps / probe->peak_gbps,
-      probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), path_it->first,
+      probe->peak_gbps, dir.c_str(), numerics.Name().c_str(), path_it->first, expert_it->first,
       (*m)->weight_bytes() / 1e9, upload_s);
   std::printf("%8s %5s %6s %12s %12s %10s %12s %10s\n", "context", "batch", "rep", "prefill t/s",
               "decode t/s", "step ms", "roofline ms", "share");

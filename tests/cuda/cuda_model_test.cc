@@ -228,20 +228,28 @@ std::vector<int32_t> PromptIds(int64_t n, int vocab, uint32_t seed) {
 // the CPU's official result than that is to the fp32 forward. The exactness of each rounding
 // step is checked op by op (CudaQuantOps, bit for bit against core/quant.h).
 // Every FP8 GEMM path the device has is checked: the tensor-core GEMM (the default from 9
-// tokens), the generic kernels and, on sm_89+, the FP8 MMA.
+// tokens), the generic kernels and, on sm_89+, the FP8 MMA; and the routed experts on tensor
+// cores (the tiny presets' w1 / w3, whose 128 / 256 columns fit its 128-column blocks).
 TEST(CudaModel, OfficialNumericsTrackTheCpu) {
   DEVICE_OR_SKIP(dev);
-  std::vector<std::pair<const char*, Fp8GemmPath>> paths = {{"default", Fp8GemmPath::kAuto},
-                                                            {"generic", Fp8GemmPath::kGeneric}};
-  if (dev->info().Sm() >= 89) paths.push_back({"fp8 mma", Fp8GemmPath::kTensorFp8});
-  for (auto [path_name, path] : paths)
+  struct Path {
+    const char* name;
+    Fp8GemmPath fp8;
+    ExpertGemmPath experts;
+  };
+  std::vector<Path> paths = {{"default", Fp8GemmPath::kAuto, ExpertGemmPath::kAuto},
+                             {"generic", Fp8GemmPath::kGeneric, ExpertGemmPath::kCudaCores},
+                             {"experts-tc", Fp8GemmPath::kAuto, ExpertGemmPath::kTensor}};
+  if (dev->info().Sm() >= 89)
+    paths.push_back({"fp8 mma", Fp8GemmPath::kTensorFp8, ExpertGemmPath::kTensor});
+  for (auto [path_name, path, expert_path] : paths)
     for (const char* preset : {"tiny-a", "tiny-b", "tiny-c"}) {
       const auto& weights = dsinfer::testing::PresetWeights(preset, 1);
       const int64_t V = weights.config().vocab_size;
       ThreadPool pool(2);
       auto cpu_off = cpu::CpuModel::Create(weights, Numerics::Official(), pool);
       auto cpu_f32 = cpu::CpuModel::Create(weights, Numerics::Fp32Reference(), pool);
-      auto gpu_off = CudaModel::Create(*dev, weights, Numerics::Official(), path);
+      auto gpu_off = CudaModel::Create(*dev, weights, Numerics::Official(), path, expert_path);
       ASSERT_TRUE(cpu_off.ok() && cpu_f32.ok());
       ASSERT_TRUE(gpu_off.ok()) << gpu_off.status().ToString();
       for (int64_t len : {1, 7, 37, 300}) {

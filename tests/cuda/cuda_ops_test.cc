@@ -176,6 +176,32 @@ TEST(CudaTcMatMul, MatchesCpuOnTheActQuantRoundTrip) {
   }
 }
 
+// The routed FP4 experts' tensor-core grouped GEMM: one routed token, tiles of 1..64 rows, an
+// expert with two tiles, rows off the 64-row tile, V4's expert widths.
+TEST(CudaTcGrouped, MatchesCpuOnTheActQuantRoundTrip) {
+  DEVICE_OR_SKIP(dev);
+  std::vector<TcMma> mmas = {TcMma::kF16};
+  if (dev->info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
+  struct Case {
+    int64_t tokens;
+    int experts, k;
+    int64_t rows, cols;
+  };
+  for (TcMma mma : mmas) {
+    double worst = 0;
+    for (const Case& c :
+         {Case{1, 4, 6, 64, 128}, Case{13, 8, 6, 100, 256}, Case{70, 6, 2, 130, 384},
+          Case{64, 32, 6, 2048, 4096}, Case{96, 16, 6, 4096, 2048}}) {
+      CheckResult r = CheckTcGroupedMatMul(*dev, mma, c.tokens, c.experts, c.k, c.rows, c.cols,
+                                           static_cast<uint32_t>(c.tokens + c.rows + c.cols));
+      EXPECT_TRUE(r.ok) << r.op << " " << r.shape << ": " << r.detail;
+      worst = std::max(worst, r.budget_share);
+    }
+    std::printf("  tc-grouped/%s: worst budget share %.3g over 5 shapes\n",
+                mma == TcMma::kFp8 ? "fp8-mma" : "f16-mma", worst);
+  }
+}
+
 TEST(CudaTcMatMul, RefusesWhatItCannotRun) {
   DEVICE_OR_SKIP(dev);
   std::mt19937 rng(3);

@@ -592,6 +592,83 @@ CheckResult CheckRouter(CudaDevice& dev, int64_t tokens, int n_experts, int top_
   return r;
 }
 
+namespace {
+
+// A routed batch and the CPU's answer for it: cpu::MatMul per expert on the gathered rows.
+struct GroupedCase {
+  std::vector<HostWeight> experts;  // [E] rows x cols each
+  RoutedGroups groups;
+  std::vector<float> x;         // [tokens, cols]
+  std::vector<float> y_cpu;     // [grouped rows, rows]
+  std::vector<double> sum_abs;  // [grouped rows, rows] sum |x w| of each output
+};
+
+// Routing: the first `heavy` slots to expert 0 (more than one tile), the last expert never used,
+// the rest random. quantized: x is the act quant's round trip (what the official numerics feed
+// the experts, and the only input the tensor-core path computes exactly).
+Result<GroupedCase> MakeGroupedCase(model::WeightFormat format, int64_t tokens, int n_experts,
+                                    int top_k, int64_t rows, int64_t cols, size_t heavy,
+                                    bool quantized, std::mt19937& rng) {
+  GroupedCase c;
+  for (int e = 0; e < n_experts; ++e)
+    c.experts.push_back(RandomWeight(rng, format, rows, cols, {.name = "conformance.w"}));
+  std::uniform_int_distribution<int32_t> expert_d(0, std::max(0, n_experts - 2));
+  std::vector<int32_t> chosen(static_cast<size_t>(tokens * top_k));  // [T, K]
+  for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i < heavy ? 0 : expert_d(rng);
+  DSINFER_ASSIGN_OR_RETURN(c.groups, GroupRoutedTokens(chosen, n_experts, top_k));
+  c.x = RandomFloats(rng, tokens * cols, 1.0f);
+  if (quantized)
+    for (int64_t t = 0; t < tokens; ++t)
+      Fp8RoundTripInPlace(c.x.data() + t * cols, static_cast<int>(cols), 128);
+  const int64_t n_rows = static_cast<int64_t>(c.groups.slots.size());
+  c.y_cpu.resize(static_cast<size_t>(n_rows * rows));
+  c.sum_abs.assign(c.y_cpu.size(), 0.0);
+  ThreadPool pool(2);
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  for (int e = 0; e < n_experts; ++e) {
+    const int64_t b = c.groups.offsets[e], n = c.groups.offsets[e + 1] - b;
+    if (n == 0) continue;
+    std::vector<float> xe(static_cast<size_t>(n * cols));  // [n, cols] this expert's rows
+    for (int64_t j = 0; j < n; ++j)
+      std::copy_n(c.x.data() + c.groups.tokens[b + j] * cols, cols, xe.data() + j * cols);
+    cpu::MatMul(c.experts[e].view, xe.data(), n, c.y_cpu.data() + b * rows, pool);
+    for (int64_t o = 0; o < rows; ++o) {
+      cpu::DequantRow(c.experts[e].view, o, wrow.data());
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t k = 0; k < cols; ++k) sum += std::fabs(double{xe[j * cols + k]} * wrow[k]);
+        c.sum_abs[(b + j) * rows + o] = sum;
+      }
+    }
+  }
+  return c;
+}
+
+// Runs `op` (a grouped GEMM into a guarded output of the case's size) and compares with `rel`.
+template <typename Op>
+void CompareGrouped(CudaDevice& dev, const GroupedCase& c, int64_t rows, double rel, Op op,
+                    CheckResult* r) {
+  std::vector<const model::WeightMatrix*> views;
+  for (const HostWeight& h : c.experts) views.push_back(&h.view);
+  const int64_t n_rows = static_cast<int64_t>(c.groups.slots.size());
+  auto fail = [&](const Status& s) { r->ok = false, r->detail = s.ToString(); };
+  Result<DeviceExpertSet> set = UploadExperts(dev, views);
+  if (!set.ok()) return fail(set.status());
+  Result<DeviceBuffer> dx = dev.Upload(c.x.data(), c.x.size() * 4);
+  if (!dx.ok()) return fail(dx.status());
+  Result<GuardedOutput> dy = GuardedOutput::Make(dev, n_rows * rows, nullptr);
+  if (!dy.ok()) return fail(dy.status());
+  if (Status s = op(*set, dx->as<float>(), dy->ptr()); !s.ok()) return fail(s);
+  std::vector<float> y_gpu;
+  if (Status s = dy->Fetch(dev, &y_gpu); !s.ok()) return fail(s);
+  Comparison cmp;
+  for (size_t i = 0; i < c.y_cpu.size(); ++i)
+    cmp.Add("y", static_cast<int64_t>(i), y_gpu[i], c.y_cpu[i], rel * c.sum_abs[i] + 1e-30);
+  cmp.Finish(r);
+}
+
+}  // namespace
+
 CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int64_t tokens,
                                int n_experts, int top_k, int64_t rows, int64_t cols,
                                uint32_t seed) {
@@ -600,50 +677,33 @@ CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int6
   r.shape = Shape(
       {{"tokens", tokens}, {"experts", n_experts}, {"k", top_k}, {"rows", rows}, {"cols", cols}});
   std::mt19937 rng(seed);
-  std::vector<HostWeight> experts;
-  std::vector<const model::WeightMatrix*> views;
-  for (int e = 0; e < n_experts; ++e)
-    experts.push_back(RandomWeight(rng, format, rows, cols, {.name = "conformance.w"}));
-  for (const HostWeight& h : experts) views.push_back(&h.view);
-  // Routing: the first 11 slots to expert 0 (more than one tile), the last expert never used,
-  // the rest random.
-  std::uniform_int_distribution<int32_t> expert_d(0, std::max(0, n_experts - 2));
-  std::vector<int32_t> chosen(static_cast<size_t>(tokens * top_k));  // [T, K]
-  for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i < 11 ? 0 : expert_d(rng);
-  ASSIGN_OR_FAIL(RoutedGroups groups, GroupRoutedTokens(chosen, n_experts, top_k));
-  std::vector<float> x = RandomFloats(rng, tokens * cols, 1.0f);  // [T, cols]
-  const int64_t n_rows = static_cast<int64_t>(groups.slots.size());
-  std::vector<float> y_cpu(static_cast<size_t>(n_rows * rows));  // [grouped rows, rows]
-  std::vector<double> sum_abs(y_cpu.size(), 0.0);
-  ThreadPool pool(2);
-  std::vector<float> wrow(static_cast<size_t>(cols));
-  for (int e = 0; e < n_experts; ++e) {
-    const int64_t b = groups.offsets[e], n = groups.offsets[e + 1] - b;
-    if (n == 0) continue;
-    std::vector<float> xe(static_cast<size_t>(n * cols));  // [n, cols] this expert's rows
-    for (int64_t j = 0; j < n; ++j)
-      std::copy_n(x.data() + groups.tokens[b + j] * cols, cols, xe.data() + j * cols);
-    cpu::MatMul(experts[e].view, xe.data(), n, y_cpu.data() + b * rows, pool);
-    for (int64_t o = 0; o < rows; ++o) {
-      cpu::DequantRow(experts[e].view, o, wrow.data());
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < cols; ++k) s += std::fabs(double{xe[j * cols + k]} * wrow[k]);
-        sum_abs[(b + j) * rows + o] = s;
-      }
-    }
-  }
-  ASSIGN_OR_FAIL(DeviceExpertSet set, UploadExperts(dev, views));
-  ASSIGN_OR_FAIL(DeviceBuffer dx, dev.Upload(x.data(), x.size() * 4));
-  ASSIGN_OR_FAIL(GuardedOutput dy, GuardedOutput::Make(dev, n_rows * rows, nullptr));
-  CHECK_OK_OR_FAIL(GroupedMatMul(dev, set, groups, dx.as<float>(), tokens, dy.ptr()));
-  std::vector<float> y_gpu;
-  CHECK_OK_OR_FAIL(dy.Fetch(dev, &y_gpu));
-  Comparison cmp;
-  for (size_t i = 0; i < y_cpu.size(); ++i)
-    cmp.Add("y", static_cast<int64_t>(i), y_gpu[i], y_cpu[i],
-            kMatMulRelToSumAbs * sum_abs[i] + 1e-30);
-  cmp.Finish(&r);
+  ASSIGN_OR_FAIL(GroupedCase c,
+                 MakeGroupedCase(format, tokens, n_experts, top_k, rows, cols, 11, false, rng));
+  CompareGrouped(
+      dev, c, rows, kMatMulRelToSumAbs,
+      [&](const DeviceExpertSet& set, const float* x, float* y) {
+        return GroupedMatMul(dev, set, c.groups, x, tokens, y);
+      },
+      &r);
+  return r;
+}
+
+CheckResult CheckTcGroupedMatMul(CudaDevice& dev, TcMma mma, int64_t tokens, int n_experts,
+                                 int top_k, int64_t rows, int64_t cols, uint32_t seed) {
+  CheckResult r;
+  r.op = mma == TcMma::kFp8 ? "tc-grouped/fp4-fp8-mma" : "tc-grouped/fp4-f16-mma";
+  r.shape = Shape(
+      {{"tokens", tokens}, {"experts", n_experts}, {"k", top_k}, {"rows", rows}, {"cols", cols}});
+  std::mt19937 rng(seed);
+  // 70 slots on expert 0: two tiles of it when there are that many.
+  ASSIGN_OR_FAIL(GroupedCase c, MakeGroupedCase(model::WeightFormat::kFp4Packed, tokens, n_experts,
+                                                top_k, rows, cols, 70, true, rng));
+  CompareGrouped(
+      dev, c, rows, mma == TcMma::kFp8 ? kTcFp8RelToSumAbs : kMatMulRelToSumAbs,
+      [&](const DeviceExpertSet& set, const float* x, float* y) {
+        return TcGroupedMatMul(dev, set, c.groups, x, tokens, y, mma);
+      },
+      &r);
   return r;
 }
 
@@ -938,6 +998,15 @@ void AppendV4OpConformance(CudaDevice& dev, uint32_t* seed, std::vector<CheckRes
     out->push_back(CheckGroupedMatMul(dev, format, 1, 4, 6, 70, 160, (*seed)++));
     out->push_back(CheckGroupedMatMul(dev, format, 9, 6, 3, 129, 96, (*seed)++));
     out->push_back(CheckGroupedMatMul(dev, format, 5, 16, 6, 256, 512, (*seed)++));
+  }
+  // The tensor-core grouped GEMM of FP4 experts: one token; 70 rows of one expert (two tiles)
+  // and rows off the 64-row tile; V4-like widths.
+  std::vector<TcMma> mmas = {TcMma::kF16};
+  if (dev.info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
+  for (TcMma mma : mmas) {
+    out->push_back(CheckTcGroupedMatMul(dev, mma, 1, 4, 6, 70, 256, (*seed)++));
+    out->push_back(CheckTcGroupedMatMul(dev, mma, 40, 6, 3, 129, 384, (*seed)++));
+    out->push_back(CheckTcGroupedMatMul(dev, mma, 24, 16, 6, 256, 1024, (*seed)++));
   }
   // Indexer + top-k: every query sees fewer keys than k; some do; long context; exact ties.
   for (bool round : {false, true}) {

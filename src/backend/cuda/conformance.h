@@ -62,6 +62,10 @@ CheckResult CheckRouter(CudaDevice& dev, int64_t tokens, int n_experts, int top_
 // Grouped MoE GEMM over routed tokens vs cpu::MatMul per expert on the gathered rows.
 CheckResult CheckGroupedMatMul(CudaDevice& dev, model::WeightFormat format, int64_t tokens,
                                int n_experts, int top_k, int64_t rows, int64_t cols, uint32_t seed);
+// The tensor-core grouped GEMM of FP4 experts (ops.h TcGroupedMatMul) vs cpu::MatMul per
+// expert on the act quant's round trip of the same activations.
+CheckResult CheckTcGroupedMatMul(CudaDevice& dev, TcMma mma, int64_t tokens, int n_experts,
+                                 int top_k, int64_t rows, int64_t cols, uint32_t seed);
 // Indexer scores vs attention.cc's loop (cpu::Dot), then the GPU top-k vs the top-k rule.
 CheckResult CheckIndexerTopK(CudaDevice& dev, int64_t tokens, int heads, int head_dim, int top_k,
                              int64_t first_pos, bool round_bf16, bool ties, uint32_t seed);

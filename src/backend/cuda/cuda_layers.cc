@@ -359,8 +359,39 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   const int32_t* d_identity = d_token_rows + 3 * TK;
   const int32_t* d_tiles = d_token_rows + 4 * TK;
   const int64_t n_tiles = static_cast<int64_t>(tiles.size());
-  auto grouped = [&](const DeviceExpertSet& set, const int32_t* rows_of, const float* in, float* y,
-                     const char* what) {
+  // The tensor-core path's 64-row tiles and input codes, made when a set first needs them.
+  DeviceBuffer tc_tiles;
+  int64_t n_tc_tiles = 0;
+  auto tc_tile_list = [&]() -> Status {
+    if (tc_tiles.data() != nullptr) return Status::Ok();
+    std::vector<int32_t> words;  // [n_tiles, 3]
+    for (const ExpertTile& t : BuildExpertTiles(groups, kTcGroupedTileRows))
+      words.insert(words.end(), {t.expert, t.begin, t.count});
+    n_tc_tiles = static_cast<int64_t>(words.size() / 3);
+    DSINFER_ASSIGN_OR_RETURN(tc_tiles, dev_.UploadStaged(words.data(), words.size() * 4));
+    return Status::Ok();
+  };
+  // in_rows rows of `in` (already the act quant's round trip) -> codes and scales, then the
+  // grouped GEMM on tensor cores (quantizing a value on the grid gives back its code).
+  auto tc_grouped = [&](const DeviceExpertSet& set, const int32_t* rows_of, const float* in,
+                        int64_t in_rows, float* y, const char* what) -> Status {
+    DSINFER_RETURN_IF_ERROR(tc_tile_list());
+    const int64_t k = set.cols;
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer codes, dev_.Alloc(static_cast<size_t>(in_rows * k)));
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer scales,
+                             dev_.Alloc(static_cast<size_t>(in_rows * (k / 128)) * 4));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchActQuantFp8(in, in_rows, k, codes.as<uint8_t>(), scales.as<float>(), dev_.stream()),
+        what));
+    return CudaStatus(LaunchTcGroupedMatMul(*expert_mma_, set.views.as<const DeviceWeightView>(),
+                                            tc_tiles.as<const int32_t>(), n_tc_tiles, rows_of,
+                                            codes.as<const uint8_t>(), scales.as<const float>(),
+                                            set.rows, k, y, dev_.stream()),
+                      what);  // codes and scales are freed in stream order
+  };
+  auto grouped = [&](const DeviceExpertSet& set, const int32_t* rows_of, const float* in,
+                     int64_t in_rows, float* y, const char* what) {
+    if (UseTensorCores(set)) return tc_grouped(set, rows_of, in, in_rows, y, what);
     return CudaStatus(
         LaunchGroupedMatMul(set.format, set.views.as<const DeviceWeightView>(), d_tiles, n_tiles,
                             rows_of, in, set.rows, set.cols, y, dev_.stream()),
@@ -375,14 +406,14 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   DSINFER_ASSIGN_OR_RETURN(float* gate, ws_->Get(dev_, Workspace::kExpertGate, TK * inter));
   DSINFER_ASSIGN_OR_RETURN(float* up, ws_->Get(dev_, Workspace::kExpertUp, TK * inter));
   DSINFER_ASSIGN_OR_RETURN(float* down, ws_->Get(dev_, Workspace::kExpertDown, TK * D));  // [TK, D]
-  DSINFER_RETURN_IF_ERROR(grouped(d.w1, d_row_token, xq, gate, "experts w1"));
-  DSINFER_RETURN_IF_ERROR(grouped(d.w3, d_row_token, xq, up, "experts w3"));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w1, d_row_token, xq, T, gate, "experts w1"));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w3, d_row_token, xq, T, up, "experts w3"));
   DSINFER_RETURN_IF_ERROR(CudaStatus(
       LaunchSwiGlu(gate, up, TK, inter, d_row_weight, limit, rb, gate, dev_.stream()), "SwiGLU"));
   if (nm.quantize_activations)
     DSINFER_RETURN_IF_ERROR(CudaStatus(
         LaunchFp8RoundTrip(gate, TK, inter, inter, c.act_block, dev_.stream()), "h act quant"));
-  DSINFER_RETURN_IF_ERROR(grouped(d.w2, d_identity, gate, down, "experts w2"));
+  DSINFER_RETURN_IF_ERROR(grouped(d.w2, d_identity, gate, TK, down, "experts w2"));
   if (rb)
     DSINFER_RETURN_IF_ERROR(
         CudaStatus(LaunchScaleRound(down, TK * D, 1.0f, true, dev_.stream()), "round experts"));

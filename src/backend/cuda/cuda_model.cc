@@ -84,7 +84,8 @@ CudaModel::~CudaModel() = default;
 
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
                                                      const model::ModelWeights& weights,
-                                                     Numerics numerics, Fp8GemmPath fp8_gemm) {
+                                                     Numerics numerics, Fp8GemmPath fp8_gemm,
+                                                     ExpertGemmPath experts) {
   const model::ModelConfig& c = weights.config();
   if (c.hc_mult < 1 || c.hc_mult > 8) return InvalidArgument("CudaModel: hc_mult must be 1..8");
   if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
@@ -105,6 +106,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
       m->tc_mma_ = TcMma::kFp8;
       break;
   }
+  if (experts == ExpertGemmPath::kTensor)
+    m->expert_mma_ = m->tc_mma_.value_or(DefaultTcMma(dev.info()));
   // The weights' footprint: the drop in free device memory over the upload (the pool's
   // granularity included).
   int64_t free_before = 0;
@@ -332,6 +335,11 @@ Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_af
 bool CudaModel::UseTensorCores(const DeviceWeight& w, int64_t m) const {
   return tc_mma_.has_value() && numerics_.quantize_activations && m >= kTcMinTokens &&
          config().act_block == 128 && TcMatMulApplies(w.view);
+}
+
+bool CudaModel::UseTensorCores(const DeviceExpertSet& set) const {
+  return expert_mma_.has_value() && numerics_.quantize_activations && config().act_block == 128 &&
+         TcGroupedApplies(set);
 }
 
 Status CudaModel::MatMulQuantized(const DeviceWeight& w, const float* x, int64_t m, float* y) {

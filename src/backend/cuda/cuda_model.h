@@ -79,6 +79,14 @@ enum class Fp8GemmPath : uint8_t {
   kTensorFp8,  // tensor cores, e4m3 MMA (sm_89+)
 };
 
+// Which kernels run the routed experts' grouped GEMMs of the official numerics.
+enum class ExpertGemmPath : uint8_t {
+  kAuto,       // CUDA cores until the tensor-core path is measured on a GPU (docs/SUPPORT.md)
+  kCudaCores,  // the grouped GEMV / GEMM on fp32 FMAs (kernels.h LaunchGroupedMatMul)
+  kTensor,     // FP4 experts on tensor cores whenever they apply (LaunchTcGroupedMatMul), with
+               // the FP8 GEMM's MMA (or the device's default one when that is generic)
+};
+
 class CudaModel {
  public:
   // Uploads every backbone weight to `dev` (which must outlive the model). MTP layers are not
@@ -86,7 +94,8 @@ class CudaModel {
   static Result<std::unique_ptr<CudaModel>> Create(CudaDevice& dev,
                                                    const model::ModelWeights& weights,
                                                    Numerics numerics,
-                                                   Fp8GemmPath fp8_gemm = Fp8GemmPath::kAuto);
+                                                   Fp8GemmPath fp8_gemm = Fp8GemmPath::kAuto,
+                                                   ExpertGemmPath experts = ExpertGemmPath::kAuto);
   ~CudaModel();
 
   const model::ModelConfig& config() const { return weights_.config(); }
@@ -156,6 +165,8 @@ class CudaModel {
   Status MatMulQuantized(const DeviceWeight& w, const float* x, int64_t m, float* y);
   // Whether the tensor-core GEMM runs w over m tokens (quantized activations only).
   bool UseTensorCores(const DeviceWeight& w, int64_t m) const;
+  // Whether the tensor-core grouped GEMM runs this expert set (quantized activations only).
+  bool UseTensorCores(const struct DeviceExpertSet& set) const;
   // One sequence's compressor over its n new tokens (a, g: their projections [n, width]).
   Status CompressorStep(const struct DeviceCompressor& cw, CudaCompressorState& st, int li,
                         int64_t start_pos, int64_t n, const float* a, const float* g, int d,
@@ -168,7 +179,8 @@ class CudaModel {
   CudaDevice& dev_;
   const model::ModelWeights& weights_;
   Numerics numerics_;
-  std::optional<TcMma> tc_mma_;  // the tensor-core GEMM's MMA; none: generic kernels only
+  std::optional<TcMma> tc_mma_;      // the tensor-core GEMM's MMA; none: generic kernels only
+  std::optional<TcMma> expert_mma_;  // the routed experts' MMA; none: CUDA cores only
   std::vector<std::unique_ptr<DeviceLayer>> layers_;
   DeviceBuffer embed_;                                      // [vocab, hidden] bf16
   DeviceWeight head_;                                       // [vocab, hidden] bf16

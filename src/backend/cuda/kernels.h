@@ -43,6 +43,19 @@ cudaError_t LaunchTcMatMul(TcMma mma, const DeviceWeightView& w, const uint8_t* 
                            const float* scales, int64_t m, int splits, float* partial, float* y,
                            cudaStream_t stream);
 
+// Tensor-core grouped GEMM of routed FP4 experts (tc_grouped.cu): y [grouped rows, rows], grouped
+// row j of tile (expert, begin, count) = A[rows_of[j]] * W_expert^T, with A e4m3 codes [*, cols]
+// and scales [*, cols / 128] f32 (LaunchActQuantFp8) and the e2m1 weights widened exactly to
+// e4m3 in shared memory. experts: device array of FP4 views (rows x cols each, 16-byte aligned
+// data); tiles: device int32 [n_tiles, 3] with count <= kTcGroupedTileRows; rows_of: device
+// int32 [grouped rows]; codes 16-byte aligned.
+inline constexpr int kTcGroupedTileRows = 64;
+bool TcGroupedApplies(DeviceWeightView::Format format, int64_t rows, int64_t cols);
+cudaError_t LaunchTcGroupedMatMul(TcMma mma, const DeviceWeightView* experts, const int32_t* tiles,
+                                  int64_t n_tiles, const int32_t* rows_of, const uint8_t* codes,
+                                  const float* scales, int64_t rows, int64_t cols, float* y,
+                                  cudaStream_t stream);
+
 // In place over `rows` rows of n: x = w * x * rsqrt(mean(x^2) + eps); weight f32 [n] or null.
 cudaError_t LaunchRmsNorm(float* x, int64_t rows, int64_t n, const float* weight, float eps,
                           bool round_bf16, cudaStream_t stream);

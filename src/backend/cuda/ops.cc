@@ -154,24 +154,72 @@ Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
   set.format = views[0].format;
   set.rows = views[0].rows;
   set.cols = views[0].cols;
+  set.data_16b_aligned = std::all_of(views.begin(), views.end(), [](const DeviceWeightView& v) {
+    return reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  });
   DSINFER_ASSIGN_OR_RETURN(set.views, dev.Upload(views.data(), views.size() * sizeof(views[0])));
   return set;
 }
 
-Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
-                     const float* x, int64_t x_rows, float* y) {
+namespace {
+
+// GroupedMatMul's argument checks: groups for this set, rows inside x.
+Status CheckGroups(const char* op, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                   int64_t x_rows) {
   const int64_t n_experts = static_cast<int64_t>(experts.weights.size());
   if (static_cast<int64_t>(groups.offsets.size()) != n_experts + 1)
-    return InvalidArgument("GroupedMatMul: groups are for " +
+    return InvalidArgument(std::string(op) + ": groups are for " +
                            std::to_string(static_cast<int64_t>(groups.offsets.size()) - 1) +
                            " experts, the set has " + std::to_string(n_experts));
   if (groups.tokens.size() != groups.slots.size() ||
       groups.offsets.back() != static_cast<int32_t>(groups.slots.size()))
-    return InvalidArgument("GroupedMatMul: inconsistent groups");
+    return InvalidArgument(std::string(op) + ": inconsistent groups");
   for (int32_t tok : groups.tokens)
     if (tok < 0 || tok >= x_rows)
-      return InvalidArgument("GroupedMatMul: grouped row reads x row " + std::to_string(tok) +
+      return InvalidArgument(std::string(op) + ": grouped row reads x row " + std::to_string(tok) +
                              " of " + std::to_string(x_rows));
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool TcGroupedApplies(const DeviceExpertSet& experts) {
+  return experts.data_16b_aligned && TcGroupedApplies(experts.format, experts.rows, experts.cols);
+}
+
+Status TcGroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                       const float* x, int64_t x_rows, float* y, TcMma mma) {
+  if (!TcGroupedApplies(experts))
+    return InvalidArgument("TcGroupedMatMul: the experts are not FP4 with 128-column blocks");
+  if (mma == TcMma::kFp8 && dev.info().Sm() < 89)
+    return FailedPrecondition("TcGroupedMatMul: FP8 MMA needs sm_89 or newer");
+  DSINFER_RETURN_IF_ERROR(CheckGroups("TcGroupedMatMul", experts, groups, x_rows));
+  std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kTcGroupedTileRows);
+  if (tiles.empty()) return Status::Ok();
+  std::vector<int32_t> packed;  // [n_tiles, 3]
+  for (const ExpertTile& t : tiles) packed.insert(packed.end(), {t.expert, t.begin, t.count});
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtiles, dev.Upload(packed.data(), packed.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok,
+                           dev.Upload(groups.tokens.data(), groups.tokens.size() * 4));
+  const int64_t k = experts.cols;
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer codes, dev.Alloc(static_cast<size_t>(x_rows * k)));
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer scales,
+                           dev.Alloc(static_cast<size_t>(x_rows * k / 128) * 4));
+  DSINFER_RETURN_IF_ERROR(dev.Activate());
+  DSINFER_RETURN_IF_ERROR(CudaStatus(
+      LaunchActQuantFp8(x, x_rows, k, codes.as<uint8_t>(), scales.as<float>(), dev.stream()),
+      "TcGroupedMatMul act quant"));
+  return CudaStatus(
+      LaunchTcGroupedMatMul(mma, experts.views.as<const DeviceWeightView>(),
+                            dtiles.as<const int32_t>(), static_cast<int64_t>(tiles.size()),
+                            dtok.as<const int32_t>(), codes.as<const uint8_t>(),
+                            scales.as<const float>(), experts.rows, k, y, dev.stream()),
+      "TcGroupedMatMul");  // the buffers are freed in stream order
+}
+
+Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                     const float* x, int64_t x_rows, float* y) {
+  DSINFER_RETURN_IF_ERROR(CheckGroups("GroupedMatMul", experts, groups, x_rows));
   std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kGroupedTileRows);
   if (tiles.empty()) return Status::Ok();
   std::vector<int32_t> packed;  // [n_tiles, 3]

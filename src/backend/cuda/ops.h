@@ -71,6 +71,7 @@ struct DeviceExpertSet {
   DeviceBuffer views;                 // DeviceWeightView [E]
   DeviceWeightView::Format format = DeviceWeightView::Format::kF32;
   int64_t rows = 0, cols = 0;
+  bool data_16b_aligned = false;  // every expert's data (the tensor-core kernel's cp.async)
 };
 Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
                                       std::span<const model::WeightMatrix* const> experts);
@@ -81,6 +82,13 @@ Result<DeviceExpertSet> UploadExperts(CudaDevice& dev,
 // memory) and freed in stream order.
 Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
                      const float* x, int64_t x_rows, float* y);
+
+// The same for FP4 experts on tensor cores (kernels.h LaunchTcGroupedMatMul), with x quantized
+// to e4m3 codes first (the official numerics' act quant: x must already be its round trip for
+// the result to match GroupedMatMul's within fp32 summation order).
+bool TcGroupedApplies(const DeviceExpertSet& experts);
+Status TcGroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
+                       const float* x, int64_t x_rows, float* y, TcMma mma);
 
 // ---- indexer and sparse attention
 // ---------------------------------------------------------------- scores [tokens, max_keys]

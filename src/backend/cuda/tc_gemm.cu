@@ -18,12 +18,11 @@
 // Both read A and B fragments from the same byte offsets of the same k range, so the pairing of
 // k slots inside an MMA never depends on which of the two documented fragment orders the
 // hardware uses.
-#include <cuda_fp8.h>
-
 #include <climits>
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tc_mma.cuh"
 #include "backend/cuda/weight_decode.cuh"
 
 namespace dsinfer::backend::cuda {
@@ -44,64 +43,6 @@ struct TcArgs {
   int kb_per_split = 0;  // K blocks per grid.z slice
   float* y = nullptr;    // [m, N], or [splits, m, N] partial sums when gridDim.z > 1
 };
-
-__device__ __forceinline__ void CpAsync16(uint8_t* smem, const uint8_t* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill without reading
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-__device__ __forceinline__ uint32_t Shared32(const uint8_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// Two e4m3 codes (low 16 bits of `two`) -> two fp16 (low half = first code); exact.
-__device__ __forceinline__ uint32_t E4m3PairToF16Pair(uint32_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-// d = A (16 x 16 fp16) * B (16 x 8 fp16), fp32 accumulation from zero.
-__device__ __forceinline__ void MmaF16(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-// d = A (16 x 32 e4m3) * B (32 x 8 e4m3), from zero. Only sm_89+ has the instruction; the
-// launcher never selects kFp8 elsewhere (the trap marks a dispatch bug).
-__device__ __forceinline__ void MmaFp8(float* d, const uint32_t* a, const uint32_t* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
-#else
-  (void)a;
-  (void)b;
-  d[0] = d[1] = d[2] = d[3] = 0.0f;
-  asm volatile("trap;");
-#endif
-}
-
-// acc[i] += r[i] * s[i / 2] for one 16 x 8 output fragment (rows g and g + 8).
-__device__ __forceinline__ void AddScaled(float* acc, const float* r, const float* s) {
-  acc[0] = fmaf(r[0], s[0], acc[0]);
-  acc[1] = fmaf(r[1], s[0], acc[1]);
-  acc[2] = fmaf(r[2], s[1], acc[2]);
-  acc[3] = fmaf(r[3], s[1], acc[3]);
-}
 
 template <TcMma kMma>
 __global__ void __launch_bounds__(kThreads, 3) TcMatMulKernel(TcArgs p) {
