@@ -2,7 +2,8 @@
 # One command for a machine with an NVIDIA GPU: detects the GPU's architecture, builds dsinfer
 # (Release) with the CUDA backend for that architecture only, then runs `dsinfer doctor --json`,
 # the CUDA suite (test_cuda: op conformance and the GPU forward's goldens), the CPU golden suite
-# and bench/cuda/gpu_model_bench on the bench preset, each under its own timeout and all within an
+# and bench/cuda/gpu_model_bench on the bench preset (and its prefill again with the routed experts
+# on tensor cores), each under its own timeout and all within an
 # 8-minute budget, and writes one report (markdown with JSON pieces) to REPORT.
 #
 # Usage: scripts/gpu-check.sh [REPORT]        (default: gpu-check-report.md)
@@ -177,6 +178,10 @@ if [[ -n "$model_pid" ]]; then
 fi
 step doctor 70 "$dsinfer" doctor --json --time-budget 55
 step gpu_bench 90 "$gpu_bench" --model "$model" --context 128,4096 --decode 12 --repeats 3
+# The routed FP4 experts on tensor cores (not the default until measured): the same prefill of
+# 4096 tokens as above, to compare.
+step gpu_bench_experts_tc 45 "$gpu_bench" --model "$model" --context 4096 --decode 2 --repeats 2 \
+  --expert-gemm tensor
 
 # ---- 3. The report -----------------------------------------------------------------------
 {
@@ -204,7 +209,7 @@ step gpu_bench 90 "$gpu_bench" --model "$model" --context 128,4096 --decode 12 -
   [[ "$doctor_status" == pass ]] && echo '```json' || echo '```'
   cat "$logs/doctor.log" 2>/dev/null
   echo '```'
-  for name in test_cuda golden create_model gpu_bench configure build; do
+  for name in test_cuda golden create_model gpu_bench gpu_bench_experts_tc configure build; do
     [[ -f "$logs/$name.log" ]] || continue
     echo
     echo "## $name (last 80 lines)"

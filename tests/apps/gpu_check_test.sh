@@ -50,7 +50,8 @@ text = open(sys.argv[1]).read()
 steps = json.loads(re.search(r"## Steps \(JSON\)\n```json\n(.*?)\n```", text, re.S).group(1))
 assert steps["archs"] == "90a" and steps["failed"] == 1, steps
 names = [s["name"] for s in steps["steps"]]
-assert names == ["configure", "build", "test_cuda", "golden", "doctor", "gpu_bench"], names
+assert names == ["configure", "build", "test_cuda", "golden", "doctor", "gpu_bench",
+                 "gpu_bench_experts_tc"], names
 assert all(s["status"] == "skipped" for s in steps["steps"]), steps
 assert "| doctor | skipped |" in text
 PY
@@ -82,11 +83,12 @@ text = open(sys.argv[1]).read()
 steps = json.loads(re.search(r"## Steps \(JSON\)\n```json\n(.*?)\n```", text, re.S).group(1))
 names = [s["name"] for s in steps["steps"]]
 assert names == ["configure", "build", "test_cuda", "golden", "create_model", "doctor",
-                 "gpu_bench"], names
+                 "gpu_bench", "gpu_bench_experts_tc"], names
 assert all(s["status"] == "pass" for s in steps["steps"]), steps
 PY
 grep -q "^test_cuda --gtest_color=no src=$root lib=$pre/lib" "$work/calls"
 grep -q "^gpu_model_bench --model $work/build-pre/bench-model" "$work/calls"
+grep -q "^gpu_model_bench .*--expert-gemm tensor" "$work/calls"
 grep -q "^dsinfer doctor --json" "$work/calls"
 [[ ! -e "$work/build-pre/CMakeCache.txt" ]] || { echo "a prebuilt run configured"; exit 1; }
 echo "gpu-check script ok"
