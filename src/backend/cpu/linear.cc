@@ -1,7 +1,6 @@
 #include "backend/cpu/linear.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -267,15 +266,13 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
   // over them.
   if (FusedGemvApplies(w)) {
     constexpr int64_t kRowTile = 16;  // fused::PanelRows takes at most 16 rows
-    // The register-blocked panels (linear_panel.cc) decode FP8 / FP4 rows once per 48 tokens
-    // instead of once per 4. Median multiply-adds per core on a 2-core Zen VM, GEMV -> panels
-    // (bench/linear_bench --threads 1 --m N, 3 interleaved rounds): FP8 at 16 / 64 / 256
-    // tokens 8.5 -> 10.3, 8.7 -> 11.9, 7.6 -> 11.8 GMAC/s (8 tokens: 9.1 -> 7.9, a loss); FP4
-    // at 16 / 64 / 256 tokens 8.5 -> 8.5, 9.1 -> 10.4, 8.3 -> 9.3. bf16, whose decode is one
-    // shift, stays on the GEMV.
-    const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block    ? 16
-                                     : w.format == WeightFormat::kFp4Packed ? 32
-                                                                            : INT64_MAX;
+    // The register-blocked panels (linear_panel.cc) decode a weight once per 48 tokens instead
+    // of once per 4. Median multiply-adds per core on a 2-core Zen VM, GEMV -> panels
+    // (bench/linear_bench --threads 1 --m N, 3 interleaved rounds, docs/PERF.md): FP8 at 16 / 64
+    // / 256 tokens 8.5 -> 10.3, 8.7 -> 11.9, 7.6 -> 11.8 GMAC/s (8 tokens: 9.1 -> 7.9, a loss);
+    // FP4 8.5 -> 8.5, 9.1 -> 10.4, 8.3 -> 9.3; bf16 11.8 -> 10.1 (a loss), 11.7 -> 13.8,
+    // 10.4 -> 11.7 (32 tokens: 11.0 -> 11.6).
+    const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block ? 16 : 32;
     const bool panels = m >= panel_min_tokens;
     const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
     pool.ParallelForRange(

@@ -86,7 +86,7 @@ inline float Fp8BlockScale(const model::WeightMatrix& w, int64_t r, int64_t c) {
   return w.Scale(r, c) * 256.0f;
 }
 
-// Rows [r0, r1) of FP8 / FP4 w (r1 - r0 <= 16) against m >= 1 token rows x [m, w.cols], blocked
+// Rows [r0, r1) of w (r1 - r0 <= 16) against m >= 1 token rows x [m, w.cols], register-blocked
 // over column panels that stay in L1 (linear_panel.cc). Writes y[j * ldy + y_offset + r - r0],
 // bit-identical to the one-row GEMV of linear.cc for every (row, token).
 void PanelRows(const model::WeightMatrix& w, int64_t r0, int64_t r1, const float* x, int64_t m,

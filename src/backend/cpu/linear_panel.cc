@@ -1,20 +1,19 @@
-// Register-blocked panels for the fused FP32 kernels on FP8 and FP4 weights at many tokens
-// (prefill, large decode batches). The one-row GEMV of linear.cc decodes each weight again for
-// every 4 token rows; here a tile of 16 weight rows is decoded once per 256-column panel and
-// 48 token rows into an fp32 buffer, and 2 rows x 6 tokens of accumulators (12 registers; FP4:
-// 1 row x 6 tokens with its block sums in registers) run over the panel while the panel's token
-// rows stay in L1. Measured per core on a 2-core Zen VM (bench/linear_bench --m 64 / 256):
-// 8.7-9.4 -> 9.8-11.8 GMAC/s, 45 -> 50-58 % of the FMA peak.
+// Register-blocked panels for the fused FP32 kernels at many tokens (prefill, large decode
+// batches). The one-row GEMV of linear.cc decodes each weight again for every 4 token rows; here
+// a tile of 16 weight rows is decoded once per 256-column panel and 48 token rows into an fp32
+// buffer, and 2 rows x 6 tokens of accumulators (12 registers; FP4: 2 x 3 with its block sums
+// in registers) run over the panel while the panel's token rows stay in L1. Measured per core
+// on a 2-core Zen VM (bench/linear_bench --m 64 / 256, docs/PERF.md): FP8 8.7 / 7.6 -> 11.9 /
+// 11.8 GMAC/s, 44 / 38 -> 60 / 59 % of the FMA peak.
 //
 // Every (row, token) dot product is the one-row GEMV's instruction sequence, in the same order:
+//   bf16:  acc = fma(w, x, acc) over all columns, 8 at a time;
 //   FP8:   per 128 columns part = fma(w, x, part) from zero, 8 columns at a time, then
 //          acc = fma(part, s, acc);
 //   FP4:   the same with 32-column blocks;
 // then one HorizontalSum. Decoding into memory and back changes no value (the decoders are
 // exact), and the sums carried across panels go through memory unchanged, so results are
 // bit-identical to linear.cc's GEMV whatever the batch (tests/backend/linear_test.cc).
-#include <algorithm>
-
 #include "backend/cpu/linear_fused.h"
 
 #ifdef DSINFER_X86_AVX2
@@ -37,8 +36,10 @@ struct Scratch {
   alignas(32) float acc[kTileRows][kChunkTokens][8];  // [rows, tokens, lanes] running sums
 };
 
-// Columns per block scale.
-int BlockCols(const WeightMatrix& w) { return w.format == WeightFormat::kFp8Block ? 128 : 32; }
+// Columns per block scale; 0 for bf16 (one chain over the row, no scale).
+int BlockCols(const WeightMatrix& w) {
+  return w.format == WeightFormat::kFp8Block ? 128 : w.format == WeightFormat::kFp4Packed ? 32 : 0;
+}
 
 // Decodes columns [c0, c0 + cols) of rows [r0, r0 + rows) into s.w and their block scales into
 // s.scale (the values the GEMV would compute in registers).
@@ -47,7 +48,10 @@ void DecodePanel(const WeightMatrix& w, int64_t r0, int rows, int64_t c0, int co
   for (int i = 0; i < rows; ++i) {
     const int64_t r = r0 + i;
     float* out = s.w[i];
-    if (w.format == WeightFormat::kFp8Block) {
+    if (w.format == WeightFormat::kBF16) {
+      for (int c = 0; c < cols; c += 8)
+        _mm256_store_ps(out + c, LoadBf16x8(w.data + (r * k + c0 + c) * 2));
+    } else if (w.format == WeightFormat::kFp8Block) {
       for (int c = 0; c < cols; c += 8)
         _mm256_store_ps(out + c, LoadE4M3x8(w.data + r * k + c0 + c));
       for (int b = 0; b < cols / 128; ++b) s.scale[i][b] = Fp8BlockScale(w, r, c0 + b * 128);
@@ -66,7 +70,9 @@ void DecodePanel(const WeightMatrix& w, int64_t r0, int rows, int64_t c0, int co
 
 // Bytes of the weight codes of `cols` columns.
 int64_t CodeBytes(const WeightMatrix& w, int64_t cols) {
-  return w.format == WeightFormat::kFp8Block ? cols : cols / 2;
+  return w.format == WeightFormat::kBF16       ? cols * 2
+         : w.format == WeightFormat::kFp8Block ? cols
+                                               : cols / 2;
 }
 
 // Asks for the codes of the panel that follows (the next columns of these rows, or the first
@@ -87,10 +93,27 @@ void PrefetchNextPanel(const WeightMatrix& w, int64_t r0, int rows, int64_t c0, 
 }
 
 // R decoded rows (from row i0 of the panel) x MT token rows (x: token t at x + t * ldx, panel
-// columns from 0) over `cols` columns of FP8 blocks; running sums in s.acc[i0 + i][t0 + t].
+// columns from 0) over `cols` columns of bf16 or FP8 blocks; running sums in
+// s.acc[i0 + i][t0 + t].
 template <int R, int MT>
 void Block(Scratch& s, int i0, const float* x, int64_t ldx, int cols, int block, int t0) {
   __m256 part[R][MT];
+  if (block == 0) {  // bf16: one chain over the whole row, carried across panels in s.acc
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < MT; ++t) part[i][t] = _mm256_load_ps(s.acc[i0 + i][t0 + t]);
+    for (int c = 0; c < cols; c += 8) {
+      __m256 wv[R];
+      for (int i = 0; i < R; ++i) wv[i] = _mm256_load_ps(s.w[i0 + i] + c);
+      for (int t = 0; t < MT; ++t) {
+        __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+        asm("" : "+x"(xv));  // one load for all R rows (see below)
+        for (int i = 0; i < R; ++i) part[i][t] = _mm256_fmadd_ps(wv[i], xv, part[i][t]);
+      }
+    }
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < MT; ++t) _mm256_store_ps(s.acc[i0 + i][t0 + t], part[i][t]);
+    return;
+  }
   for (int b0 = 0; b0 < cols; b0 += block) {
     for (int i = 0; i < R; ++i)
       for (int t = 0; t < MT; ++t) part[i][t] = _mm256_setzero_ps();
