@@ -105,8 +105,8 @@ TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
 
 // A token's row must not depend on the call it is in: alone vs. at any position in a batch that
 // mixes bf16-exact (AMX when present) and arbitrary fp32 rows (FP32 kernels).
-// 37 and 100 tokens take the FP8 / FP4 panels (linear_panel.cc): groups of 6 with a ragged one,
-// one and three chunks of 48; the rows alone take the one-row GEMV.
+// 37 and 100 tokens take the register-blocked panels (linear_panel.cc): groups of 6 and a ragged
+// one, one and three chunks of 48; the rows alone take the one-row GEMV.
 TEST(Linear, TokenResultIsIndependentOfTheBatch) {
   ThreadPool pool(2);
   for (const Shape& s : kShapes)
