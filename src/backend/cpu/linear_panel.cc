@@ -210,6 +210,8 @@ void PanelRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, in
       PrefetchNextPanel(w, r0, rows, c0, cols);
       for (int g = 0; g < tc; g += kGroupTokens) {
         const float* xg = x + (t0 + g) * k + c0;
+        // A switch, not a table of Group<MT> pointers: the table measured ~8 % slower (bf16,
+        // 64 tokens), the calls no longer inlined.
         switch (std::min(kGroupTokens, tc - g)) {
           case 1:
             Group<1>(s, rows, xg, k, cols, block, g);

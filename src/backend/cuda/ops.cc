@@ -181,6 +181,25 @@ Status CheckGroups(const char* op, const DeviceExpertSet& experts, const RoutedG
   return Status::Ok();
 }
 
+// The grouped kernels' index buffers on the device: tiles [n_tiles, 3] (expert, begin, count
+// <= tile_rows) and the x row of each grouped row.
+struct GroupIndex {
+  DeviceBuffer tiles, rows;
+  int64_t n_tiles = 0;
+};
+
+Result<GroupIndex> UploadGroupIndex(CudaDevice& dev, const RoutedGroups& groups, int tile_rows) {
+  GroupIndex index;
+  std::vector<int32_t> packed;  // [n_tiles, 3]
+  for (const ExpertTile& t : BuildExpertTiles(groups, tile_rows))
+    packed.insert(packed.end(), {t.expert, t.begin, t.count});
+  index.n_tiles = static_cast<int64_t>(packed.size() / 3);
+  if (index.n_tiles == 0) return index;
+  DSINFER_ASSIGN_OR_RETURN(index.tiles, dev.Upload(packed.data(), packed.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(index.rows, dev.Upload(groups.tokens.data(), groups.tokens.size() * 4));
+  return index;
+}
+
 }  // namespace
 
 bool TcGroupedApplies(const DeviceExpertSet& experts) {
@@ -194,13 +213,8 @@ Status TcGroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const Ro
   if (mma == TcMma::kFp8 && dev.info().Sm() < 89)
     return FailedPrecondition("TcGroupedMatMul: FP8 MMA needs sm_89 or newer");
   DSINFER_RETURN_IF_ERROR(CheckGroups("TcGroupedMatMul", experts, groups, x_rows));
-  std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kTcGroupedTileRows);
-  if (tiles.empty()) return Status::Ok();
-  std::vector<int32_t> packed;  // [n_tiles, 3]
-  for (const ExpertTile& t : tiles) packed.insert(packed.end(), {t.expert, t.begin, t.count});
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtiles, dev.Upload(packed.data(), packed.size() * 4));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok,
-                           dev.Upload(groups.tokens.data(), groups.tokens.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(GroupIndex index, UploadGroupIndex(dev, groups, kTcGroupedTileRows));
+  if (index.n_tiles == 0) return Status::Ok();
   const int64_t k = experts.cols;
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer codes, dev.Alloc(static_cast<size_t>(x_rows * k)));
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer scales,
@@ -211,8 +225,8 @@ Status TcGroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const Ro
       "TcGroupedMatMul act quant"));
   return CudaStatus(
       LaunchTcGroupedMatMul(mma, experts.views.as<const DeviceWeightView>(),
-                            dtiles.as<const int32_t>(), static_cast<int64_t>(tiles.size()),
-                            dtok.as<const int32_t>(), codes.as<const uint8_t>(),
+                            index.tiles.as<const int32_t>(), index.n_tiles,
+                            index.rows.as<const int32_t>(), codes.as<const uint8_t>(),
                             scales.as<const float>(), experts.rows, k, y, dev.stream()),
       "TcGroupedMatMul");  // the buffers are freed in stream order
 }
@@ -220,19 +234,15 @@ Status TcGroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const Ro
 Status GroupedMatMul(CudaDevice& dev, const DeviceExpertSet& experts, const RoutedGroups& groups,
                      const float* x, int64_t x_rows, float* y) {
   DSINFER_RETURN_IF_ERROR(CheckGroups("GroupedMatMul", experts, groups, x_rows));
-  std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kGroupedTileRows);
-  if (tiles.empty()) return Status::Ok();
-  std::vector<int32_t> packed;  // [n_tiles, 3]
-  for (const ExpertTile& t : tiles) packed.insert(packed.end(), {t.expert, t.begin, t.count});
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtiles, dev.Upload(packed.data(), packed.size() * 4));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok,
-                           dev.Upload(groups.tokens.data(), groups.tokens.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(GroupIndex index, UploadGroupIndex(dev, groups, kGroupedTileRows));
+  if (index.n_tiles == 0) return Status::Ok();
   DSINFER_RETURN_IF_ERROR(dev.Activate());
-  DSINFER_RETURN_IF_ERROR(CudaStatus(
-      LaunchGroupedMatMul(experts.format, experts.views.as<const DeviceWeightView>(),
-                          dtiles.as<const int32_t>(), static_cast<int64_t>(tiles.size()),
-                          dtok.as<const int32_t>(), x, experts.rows, experts.cols, y, dev.stream()),
-      "GroupedMatMul"));
+  DSINFER_RETURN_IF_ERROR(
+      CudaStatus(LaunchGroupedMatMul(experts.format, experts.views.as<const DeviceWeightView>(),
+                                     index.tiles.as<const int32_t>(), index.n_tiles,
+                                     index.rows.as<const int32_t>(), x, experts.rows, experts.cols,
+                                     y, dev.stream()),
+                 "GroupedMatMul"));
   return Status::Ok();  // the index buffers are freed in stream order
 }
 

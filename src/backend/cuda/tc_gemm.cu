@@ -100,56 +100,15 @@ __global__ void __launch_bounds__(kThreads, 3) TcMatMulKernel(TcArgs p) {
 #pragma unroll
     for (int ks = 0; ks < kBK / 32; ++ks) {
       uint32_t af[2][4], bf[4][2];  // e4m3 x 4 per register
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint8_t* q = as + mt * 16 * kRow + ks * 32;
-        af[mt][0] = Shared32(q);                  // row g,     k 4t..4t+3
-        af[mt][1] = Shared32(q + 8 * kRow);       // row g + 8, k 4t..4t+3
-        af[mt][2] = Shared32(q + 16);             // row g,     k 16+4t..
-        af[mt][3] = Shared32(q + 8 * kRow + 16);  // row g + 8, k 16+4t..
-      }
+      LoadAFragments<kRow>(as, ks, af);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const uint8_t* q = bs + nt * 8 * kRow + ks * 32;
         bf[nt][0] = Shared32(q);       // weight row g, k 4t..4t+3
         bf[nt][1] = Shared32(q + 16);  // weight row g, k 16+4t..
       }
-      if constexpr (kMma == TcMma::kFp8) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            float r[4];
-            MmaFp8(r, af[mt], bf[nt]);
-            AddScaled(acc[mt][nt], r, s[mt]);
-          }
-      } else {
-        // Each 4-code register becomes two fp16 pairs; the low pair fills the MMA's k slots
-        // (2t, 2t+1), the high pair (2t+8, 2t+9), the same way for A and B, so the two k16
-        // MMAs cover k 0..15 and 16..31 of this step.
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t hb[4][2];
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            hb[nt][0] = E4m3PairToF16Pair(bf[nt][half]);
-            hb[nt][1] = E4m3PairToF16Pair(bf[nt][half] >> 16);
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint32_t row_g = af[mt][2 * half], row_g8 = af[mt][2 * half + 1];
-            const uint32_t a0 = E4m3PairToF16Pair(row_g), a1 = E4m3PairToF16Pair(row_g8);
-            const uint32_t a2 = E4m3PairToF16Pair(row_g >> 16);
-            const uint32_t a3 = E4m3PairToF16Pair(row_g8 >> 16);
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-              float r[4];
-              MmaF16(r, a0, a1, a2, a3, hb[nt][0], hb[nt][1]);
-              AddScaled(acc[mt][nt], r, s[mt]);
-            }
-          }
-        }
-      }
+      MmaStep32<kMma>(af, bf,
+                      [&](int mt, int nt, const float* r) { AddScaled(acc[mt][nt], r, s[mt]); });
     }
     __syncthreads();  // this stage may be refilled by the next iteration
   }

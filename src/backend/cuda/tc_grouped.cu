@@ -136,55 +136,16 @@ __global__ void __launch_bounds__(kThreads) TcGroupedKernel(GroupedArgs p) {
           s_col[nt][c] = n < N ? ScaleAt(w, n * w.scale_cols + kb * 4 + ks) : 0.0f;
         }
       uint32_t af[2][4], bf[4][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const uint8_t* q = as + mt * 16 * kRowA + ks * 32;
-        af[mt][0] = Shared32(q);                   // row g,     k 4t..4t+3
-        af[mt][1] = Shared32(q + 8 * kRowA);       // row g + 8, k 4t..4t+3
-        af[mt][2] = Shared32(q + 16);              // row g,     k 16+4t..
-        af[mt][3] = Shared32(q + 8 * kRowA + 16);  // row g + 8, k 16+4t..
-      }
+      LoadAFragments<kRowA>(as, ks, af);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const uint8_t* q = bs + nt * 8 * kRowB + ks * 16;  // weight row g, packed k 0..31
         bf[nt][0] = E2m1QuadToE4m3(Shared16(q));           // k 4t..4t+3
         bf[nt][1] = E2m1QuadToE4m3(Shared16(q + 8));       // k 16+4t..
       }
-      if constexpr (kMma == TcMma::kFp8) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            float r[4];
-            MmaFp8(r, af[mt], bf[nt]);
-            AddScaledPerColumn(acc[mt][nt], r, s_row[mt], s_col[nt]);
-          }
-      } else {
-        // Two k16 MMAs over the same 32 columns (tc_gemm.cu's pairing); both belong to the
-        // same scale block, each is scaled into the accumulator on its own.
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t hb[4][2];
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            hb[nt][0] = E4m3PairToF16Pair(bf[nt][half]);
-            hb[nt][1] = E4m3PairToF16Pair(bf[nt][half] >> 16);
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint32_t row_g = af[mt][2 * half], row_g8 = af[mt][2 * half + 1];
-            const uint32_t a0 = E4m3PairToF16Pair(row_g), a1 = E4m3PairToF16Pair(row_g8);
-            const uint32_t a2 = E4m3PairToF16Pair(row_g >> 16);
-            const uint32_t a3 = E4m3PairToF16Pair(row_g8 >> 16);
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-              float r[4];
-              MmaF16(r, a0, a1, a2, a3, hb[nt][0], hb[nt][1]);
-              AddScaledPerColumn(acc[mt][nt], r, s_row[mt], s_col[nt]);
-            }
-          }
-        }
-      }
+      MmaStep32<kMma>(af, bf, [&](int mt, int nt, const float* r) {
+        AddScaledPerColumn(acc[mt][nt], r, s_row[mt], s_col[nt]);
+      });
     }
     __syncthreads();  // this stage may be refilled by the next iteration
   }

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
+
 namespace dsinfer::backend::cuda {
 
 __device__ __forceinline__ void CpAsync16(uint8_t* smem, const uint8_t* gmem, bool valid) {
@@ -67,6 +69,66 @@ __device__ __forceinline__ void AddScaled(float* acc, const float* r, const floa
   acc[1] = fmaf(r[1], s[0], acc[1]);
   acc[2] = fmaf(r[2], s[1], acc[2]);
   acc[3] = fmaf(r[3], s[1], acc[3]);
+}
+
+// A fragments of one 32-column step ks from a shared tile of kRowBytes per row; `as` points at
+// the warp's fragment row g, column byte 4t: per 16-row tile mt, row g k 4t..4t+3, row g + 8
+// k 4t.., row g k 16+4t.., row g + 8 k 16+4t.. (4 e4m3 codes per register).
+template <int kRowBytes>
+__device__ __forceinline__ void LoadAFragments(const uint8_t* as, int ks, uint32_t (&af)[2][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    const uint8_t* q = as + mt * 16 * kRowBytes + ks * 32;
+    af[mt][0] = Shared32(q);
+    af[mt][1] = Shared32(q + 8 * kRowBytes);
+    af[mt][2] = Shared32(q + 16);
+    af[mt][3] = Shared32(q + 8 * kRowBytes + 16);
+  }
+}
+
+// The MMAs of one 32-column step of a warp's 32 x 32 quarter: A fragments af[mt] (rows mt*16..,
+// 4 e4m3 codes per register: row g k 4t.., row g+8 k 4t.., row g k 16+4t.., row g+8 k 16+4t..)
+// times B fragments bf[nt] (weight row g of nt*8.., k 4t.. and 16+4t..). Each product sum r[4]
+// starts from zero and goes to add(mt, nt, r): one m16n8k32 e4m3 MMA for kFp8; for kF16 two
+// m16n8k16 MMAs on the exactly widened codes, each passed on its own (the low pair of each
+// register fills k slots 2t, 2t+1, the high pair 2t+8, 2t+9, the same way for A and B, so the
+// two cover k 0..15 and 16..31 whichever fragment order the hardware documents).
+template <TcMma kMma, typename Add>
+__device__ __forceinline__ void MmaStep32(const uint32_t (&af)[2][4], const uint32_t (&bf)[4][2],
+                                          Add add) {
+  if constexpr (kMma == TcMma::kFp8) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        float r[4];
+        MmaFp8(r, af[mt], bf[nt]);
+        add(mt, nt, r);
+      }
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t hb[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        hb[nt][0] = E4m3PairToF16Pair(bf[nt][half]);
+        hb[nt][1] = E4m3PairToF16Pair(bf[nt][half] >> 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const uint32_t row_g = af[mt][2 * half], row_g8 = af[mt][2 * half + 1];
+        const uint32_t a0 = E4m3PairToF16Pair(row_g), a1 = E4m3PairToF16Pair(row_g8);
+        const uint32_t a2 = E4m3PairToF16Pair(row_g >> 16);
+        const uint32_t a3 = E4m3PairToF16Pair(row_g8 >> 16);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          float r[4];
+          MmaF16(r, a0, a1, a2, a3, hb[nt][0], hb[nt][1]);
+          add(mt, nt, r);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace dsinfer::backend::cuda
