@@ -211,7 +211,7 @@ void PanelRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, in
       for (int g = 0; g < tc; g += kGroupTokens) {
         const float* xg = x + (t0 + g) * k + c0;
         // A switch, not a table of Group<MT> pointers: the table measured ~8 % slower (bf16,
-        // 64 tokens), the calls no longer inlined.
+        // 64 tokens), presumably as the calls are no longer inlined.
         switch (std::min(kGroupTokens, tc - g)) {
           case 1:
             Group<1>(s, rows, xg, k, cols, block, g);
