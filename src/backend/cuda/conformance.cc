@@ -999,15 +999,10 @@ void AppendV4OpConformance(CudaDevice& dev, uint32_t* seed, std::vector<CheckRes
     out->push_back(CheckGroupedMatMul(dev, format, 9, 6, 3, 129, 96, (*seed)++));
     out->push_back(CheckGroupedMatMul(dev, format, 5, 16, 6, 256, 512, (*seed)++));
   }
-  // The tensor-core grouped GEMM of FP4 experts: one token; 70 rows of one expert (two tiles)
-  // and rows off the 64-row tile; V4-like widths.
-  std::vector<TcMma> mmas = {TcMma::kF16};
-  if (dev.info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
-  for (TcMma mma : mmas) {
-    out->push_back(CheckTcGroupedMatMul(dev, mma, 1, 4, 6, 70, 256, (*seed)++));
-    out->push_back(CheckTcGroupedMatMul(dev, mma, 40, 6, 3, 129, 384, (*seed)++));
-    out->push_back(CheckTcGroupedMatMul(dev, mma, 24, 16, 6, 256, 1024, (*seed)++));
-  }
+  // The routed experts' tensor-core grouped GEMM (CheckTcGroupedMatMul) is not in this grid
+  // yet: it is not the default path until measured on a GPU, and any failed check here makes
+  // doctor's verdict "unsupported". test_cuda runs it (CudaTcGrouped.*); it joins the grid when
+  // it becomes the default.
   // Indexer + top-k: every query sees fewer keys than k; some do; long context; exact ties.
   for (bool round : {false, true}) {
     out->push_back(CheckIndexerTopK(dev, 3, 4, 32, 16, 0, round, false, (*seed)++));

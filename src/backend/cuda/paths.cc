@@ -25,8 +25,8 @@ KernelPaths PathsFor(int sm_major, int sm_minor) {
       "numerics: generic dequantizing kernels (fp32 FMA)";
   p.fp4_experts =
       "generic FP4 grouped GEMV / GEMM over routed tokens (fp32 FMA); a tensor-core grouped GEMM "
-      "(e2m1 widened exactly to e4m3 in shared memory, 64-row tiles) is built and in the "
-      "conformance grid but not the default until measured (gpu_model_bench --expert-gemm)";
+      "(e2m1 widened exactly to e4m3 in shared memory, 64-row tiles) is built and tested "
+      "(test_cuda) but not the default until measured (gpu_model_bench --expert-gemm)";
   p.other_ops =
       "generic fp32 kernels: RMSNorm, RoPE, mHC, router, compressor pooling, indexer scores + "
       "top-k, sparse attention with sink";
