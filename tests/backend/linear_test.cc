@@ -17,6 +17,7 @@
 #include "backend/cpu/linear_amx.h"
 #include "backend/cpu/linear_amx_internal.h"
 #include "backend/cpu/linear_bf16dot.h"
+#include "backend/cpu/linear_fused.h"
 #include "backend/random_weights.h"
 #include "core/dtype.h"
 #include "core/quant.h"
@@ -137,6 +138,25 @@ TEST(Linear, TokenResultIsIndependentOfTheBatch) {
           ASSERT_EQ(part[t * (r1 - r0) + (r - r0)], batch[t * s.rows + r]);
     }
 }
+
+#ifdef DSINFER_X86_AVX2
+// The fused kernels' e4m3 decoder (a sign-extending bit move into fp16) against the scalar
+// decode for every code: value times 2^-8, bit for bit, both zeros included. The two NaN codes
+// (0x7f, 0xff) decode to finite +-480 * 2^-8 there; checkpoints hold no NaN weights.
+TEST(Linear, E4m3VectorDecodeIsExactForEveryCode) {
+  for (int code = 0; code < 256; ++code) {
+    uint8_t codes[8];
+    std::fill_n(codes, 8, static_cast<uint8_t>(code));
+    float got[8];
+    _mm256_storeu_ps(got, fused::LoadE4M3x8(codes));
+    const bool nan_code = (code & 0x7f) == 0x7f;
+    const float want = nan_code ? (code & 0x80 ? -480.0f : 480.0f) : E4M3ToF32(code);
+    for (float g : got)
+      ASSERT_EQ(std::bit_cast<uint32_t>(g), std::bit_cast<uint32_t>(want * 0x1p-8f))
+          << "code " << code;
+  }
+}
+#endif
 
 TEST(Linear, Bf16ExactnessIsDecidedPerValue) {
   std::vector<float> x = {0.0f, -0.0f, 1.5f, Bf16ToF32(0x3f81), -448.0f, 0x1p-120f};

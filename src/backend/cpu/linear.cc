@@ -23,17 +23,10 @@ void DequantFp8Row(const WeightMatrix& w, int64_t r, float* out) {
     float s = w.Scale(r, c0);
     int64_t i = 0;
 #ifdef DSINFER_X86_AVX2
-    // e4m3 -> fp16 by moving the bits into place (exponent bias 7 vs 15 folded into the scale
-    // as 2^8); subnormal e4m3 codes become fp16 subnormals with the same value, so it is exact.
+    // Exact: the codes' values times 2^-8, the exponent bias difference folded into the scale.
     __m256 vs = _mm256_set1_ps(s * 256.0f);
-    for (; i + 8 <= len; i += 8) {
-      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c0 + i));
-      __m128i h = _mm_cvtepu8_epi16(b);
-      __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
-      __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
-      __m256 f = _mm256_cvtph_ps(_mm_or_si128(sign, mag));
-      _mm256_storeu_ps(out + c0 + i, _mm256_mul_ps(f, vs));
-    }
+    for (; i + 8 <= len; i += 8)
+      _mm256_storeu_ps(out + c0 + i, _mm256_mul_ps(fused::LoadE4M3x8(codes + c0 + i), vs));
 #endif
     for (; i < len; ++i) out[c0 + i] = E4M3ToF32(codes[c0 + i]) * s;
   }

@@ -34,11 +34,13 @@ inline __m256 LoadBf16x8(const uint8_t* p) {
 
 // 8 e4m3 codes -> fp32 * 2^-8 (the 2^8 bias correction is folded into the block scale). The
 // bits move into fp16 position; e4m3 subnormals become fp16 subnormals of the same value.
+// Sign-extending the byte and shifting it by 7 puts the sign at bit 15, the exponent and
+// mantissa at bits 13..7 and a copy of the sign at bit 14, which the mask clears: three integer
+// ops instead of two masks, two shifts and an or.
 inline __m256 LoadE4M3x8(const uint8_t* p) {
-  __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
-  __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
-  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+  const __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(
+      _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(static_cast<int16_t>(0xBFFF))));
 }
 
 // 32 e2m1 codes (16 bytes, low nibble = even column) -> 4 x 8 fp32 holding twice their values
