@@ -158,6 +158,26 @@ TEST(Linear, E4m3VectorDecodeIsExactForEveryCode) {
 }
 #endif
 
+#ifdef DSINFER_X86_AVX2
+// The fused kernels' e2m1 decoder against the scalar decode for every byte (both nibbles):
+// twice the value, bit for bit, -0 included.
+TEST(Linear, E2m1VectorDecodeIsExactForEveryByte) {
+  for (int byte = 0; byte < 256; ++byte) {
+    uint8_t packed[16];
+    std::fill_n(packed, 16, static_cast<uint8_t>(byte));
+    __m256 v[4];
+    fused::LoadE2M1x32(packed, v);
+    float got[32];
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(got + 8 * q, v[q]);
+    for (int c = 0; c < 32; ++c) {
+      const float want = 2.0f * E2M1ToF32(c % 2 == 0 ? byte & 0xf : byte >> 4);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[c]), std::bit_cast<uint32_t>(want))
+          << "byte " << byte << " column " << c;
+    }
+  }
+}
+#endif
+
 TEST(Linear, Bf16ExactnessIsDecidedPerValue) {
   std::vector<float> x = {0.0f, -0.0f, 1.5f, Bf16ToF32(0x3f81), -448.0f, 0x1p-120f};
   EXPECT_TRUE(amx::RowIsBf16Exact(x.data(), static_cast<int64_t>(x.size())));

@@ -44,19 +44,26 @@ inline __m256 LoadE4M3x8(const uint8_t* p) {
 }
 
 // 32 e2m1 codes (16 bytes, low nibble = even column) -> 4 x 8 fp32 holding twice their values
-// (integers -12 .. 12, exact), columns in order.
+// (integers -12 .. 12, exact), columns in order. Twice every e2m1 value is an fp16 whose low
+// byte is zero, so one byte lookup gives its high byte and a zero byte beside it makes the fp16:
+// one lookup, two unpacks and a conversion per 16 weights instead of sign extensions to 32 bits
+// and int-to-float conversions.
 inline void LoadE2M1x32(const uint8_t* p, __m256 out[4]) {
-  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lut =
+      _mm_setr_epi8(0x00, 0x3C, 0x40, 0x42, 0x44, 0x46, 0x48, 0x4A,  // 0 .. 12
+                    static_cast<char>(0x80), static_cast<char>(0xBC), static_cast<char>(0xC0),
+                    static_cast<char>(0xC2), static_cast<char>(0xC4), static_cast<char>(0xC6),
+                    static_cast<char>(0xC8), static_cast<char>(0xCA));  // -0 ..
+  const __m128i mask = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
   __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   __m128i lo = _mm_and_si128(bytes, mask);
   __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  __m128i v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
-  __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
-  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
-  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+  __m128i h0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));  // columns 0..15
+  __m128i h1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));  // columns 16..31
+  out[0] = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, h0));
+  out[1] = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, h0));
+  out[2] = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, h1));
+  out[3] = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, h1));
 }
 
 // Scale(row, column) x 0.5 of FP4 rows r .. r + R - 1 for the 8 blocks of 32 columns from
