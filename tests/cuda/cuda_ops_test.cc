@@ -159,9 +159,7 @@ TEST(CudaTcMatMul, ActQuantCodesMatchCpuBitForBit) {
 
 TEST(CudaTcMatMul, MatchesCpuOnTheActQuantRoundTrip) {
   DEVICE_OR_SKIP(dev);
-  std::vector<TcMma> mmas = {TcMma::kF16};
-  if (dev->info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
-  for (TcMma mma : mmas) {
+  for (TcMma mma : AvailableTcMmas(dev->info())) {
     double worst = 0;
     for (int64_t m : {9, 16, 64, 65, 300})
       for (int64_t rows : {64, 130, 1024})
@@ -181,14 +179,12 @@ TEST(CudaTcMatMul, MatchesCpuOnTheActQuantRoundTrip) {
 // than V4's: the CPU oracle's sum |x w| of every output is what takes the time).
 TEST(CudaTcGrouped, MatchesCpuOnTheActQuantRoundTrip) {
   DEVICE_OR_SKIP(dev);
-  std::vector<TcMma> mmas = {TcMma::kF16};
-  if (dev->info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
   struct Case {
     int64_t tokens;
     int experts, k;
     int64_t rows, cols;
   };
-  for (TcMma mma : mmas) {
+  for (TcMma mma : AvailableTcMmas(dev->info())) {
     double worst = 0;
     for (const Case& c :
          {Case{1, 4, 6, 64, 128}, Case{13, 8, 6, 100, 256}, Case{70, 6, 2, 130, 384},

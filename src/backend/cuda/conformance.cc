@@ -1117,9 +1117,7 @@ std::vector<CheckResult> RunConformance(CudaDevice& dev) {
   // scale blocks (wo_b-like).
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{3, 4096}, {9, 96}, {2, 1000}})
     out.push_back(CheckActQuantCodes(dev, rows, n, seed++));
-  std::vector<TcMma> mmas = {TcMma::kF16};
-  if (dev.info().Sm() >= 89) mmas.push_back(TcMma::kFp8);
-  for (TcMma mma : mmas)
+  for (TcMma mma : AvailableTcMmas(dev.info()))
     for (const Mm& s : {Mm{9, 70, 96}, Mm{67, 130, 224}, Mm{130, 2048, 1024}, Mm{16, 4096, 4096},
                         Mm{200, 256, 7168}})
       out.push_back(CheckTcMatMul(dev, mma, s.m, s.rows, s.cols, seed++));

@@ -332,8 +332,8 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   // rows in ascending order (the CPU adds the routed outputs in expert order), per grouped row
   // its routing weight (f32 bits) and x row, the identity rows (w2 reads grouped row j itself),
   // and the grouped-GEMM tiles. GroupRoutedTokens' x rows are < T by construction.
-  const std::vector<ExpertTile> tiles = BuildExpertTiles(groups, kGroupedTileRows);
-  std::vector<int32_t> idx(static_cast<size_t>(4 * TK) + 3 * tiles.size());
+  const std::vector<int32_t> tile_list = ExpertTileWords(groups, kGroupedTileRows);  // [n, 3]
+  std::vector<int32_t> idx(static_cast<size_t>(4 * TK) + tile_list.size());
   int32_t* token_rows = idx.data();       // [T, K]
   int32_t* row_weight = token_rows + TK;  // [TK] f32 bits
   int32_t* row_token = row_weight + TK;   // [TK]
@@ -347,42 +347,41 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
     row_token[j] = t;
     identity[j] = static_cast<int32_t>(j);
   }
-  for (size_t i = 0; i < tiles.size(); ++i) {
-    tile_words[3 * i] = tiles[i].expert;
-    tile_words[3 * i + 1] = tiles[i].begin;
-    tile_words[3 * i + 2] = tiles[i].count;
-  }
+  std::copy(tile_list.begin(), tile_list.end(), tile_words);
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx, dev_.UploadStaged(idx.data(), idx.size() * 4));
   const int32_t* d_token_rows = didx.as<const int32_t>();
   const float* d_row_weight = reinterpret_cast<const float*>(d_token_rows + TK);
   const int32_t* d_row_token = d_token_rows + 2 * TK;
   const int32_t* d_identity = d_token_rows + 3 * TK;
   const int32_t* d_tiles = d_token_rows + 4 * TK;
-  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  const int64_t n_tiles = static_cast<int64_t>(tile_list.size() / 3);
   // The tensor-core path's 64-row tiles and input codes, made when a set first needs them.
   DeviceBuffer tc_tiles;
   int64_t n_tc_tiles = 0;
   auto tc_tile_list = [&]() -> Status {
     if (tc_tiles.data() != nullptr) return Status::Ok();
-    std::vector<int32_t> words;  // [n_tiles, 3]
-    for (const ExpertTile& t : BuildExpertTiles(groups, kTcGroupedTileRows))
-      words.insert(words.end(), {t.expert, t.begin, t.count});
+    const std::vector<int32_t> words = ExpertTileWords(groups, kTcGroupedTileRows);
     n_tc_tiles = static_cast<int64_t>(words.size() / 3);
     DSINFER_ASSIGN_OR_RETURN(tc_tiles, dev_.UploadStaged(words.data(), words.size() * 4));
     return Status::Ok();
   };
   // in_rows rows of `in` (already the act quant's round trip) -> codes and scales, then the
-  // grouped GEMM on tensor cores (quantizing a value on the grid gives back its code).
+  // grouped GEMM on tensor cores (quantizing a value on the grid gives back its code). w1 and w3
+  // read the same input: it is quantized once for both.
+  DeviceBuffer codes, scales;
+  const float* coded_in = nullptr;
   auto tc_grouped = [&](const DeviceExpertSet& set, const int32_t* rows_of, const float* in,
                         int64_t in_rows, float* y, const char* what) -> Status {
     DSINFER_RETURN_IF_ERROR(tc_tile_list());
     const int64_t k = set.cols;
-    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer codes, dev_.Alloc(static_cast<size_t>(in_rows * k)));
-    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer scales,
-                             dev_.Alloc(static_cast<size_t>(in_rows * (k / 128)) * 4));
-    DSINFER_RETURN_IF_ERROR(CudaStatus(
-        LaunchActQuantFp8(in, in_rows, k, codes.as<uint8_t>(), scales.as<float>(), dev_.stream()),
-        what));
+    if (in != coded_in) {
+      DSINFER_ASSIGN_OR_RETURN(codes, dev_.Alloc(static_cast<size_t>(in_rows * k)));
+      DSINFER_ASSIGN_OR_RETURN(scales, dev_.Alloc(static_cast<size_t>(in_rows * (k / 128)) * 4));
+      DSINFER_RETURN_IF_ERROR(CudaStatus(
+          LaunchActQuantFp8(in, in_rows, k, codes.as<uint8_t>(), scales.as<float>(), dev_.stream()),
+          what));
+      coded_in = in;
+    }
     return CudaStatus(LaunchTcGroupedMatMul(*expert_mma_, set.views.as<const DeviceWeightView>(),
                                             tc_tiles.as<const int32_t>(), n_tc_tiles, rows_of,
                                             codes.as<const uint8_t>(), scales.as<const float>(),

@@ -77,6 +77,11 @@ Status TcMatMul(CudaDevice& dev, const DeviceWeight& w, const float* x, int64_t 
                     ("TcMatMul " + w.name).c_str());
 }
 
+std::vector<TcMma> AvailableTcMmas(const DeviceInfo& info) {
+  if (info.Sm() >= 89) return {TcMma::kF16, TcMma::kFp8};
+  return {TcMma::kF16};
+}
+
 TcMma DefaultTcMma(const DeviceInfo& info) {
   // The FP8 MMA where it was measured (H200, 2026-12-04): its worst error over the conformance
   // grid was 2.2e-7 of sum |x w| (the fp16 MMA's: 2.0e-7; docs/NUMERICS.md) at 3 % more
@@ -190,9 +195,7 @@ struct GroupIndex {
 
 Result<GroupIndex> UploadGroupIndex(CudaDevice& dev, const RoutedGroups& groups, int tile_rows) {
   GroupIndex index;
-  std::vector<int32_t> packed;  // [n_tiles, 3]
-  for (const ExpertTile& t : BuildExpertTiles(groups, tile_rows))
-    packed.insert(packed.end(), {t.expert, t.begin, t.count});
+  const std::vector<int32_t> packed = ExpertTileWords(groups, tile_rows);  // [n_tiles, 3]
   index.n_tiles = static_cast<int64_t>(packed.size() / 3);
   if (index.n_tiles == 0) return index;
   DSINFER_ASSIGN_OR_RETURN(index.tiles, dev.Upload(packed.data(), packed.size() * 4));

@@ -38,6 +38,8 @@ Status TcMatMul(CudaDevice& dev, const DeviceWeight& w, const float* x, int64_t 
 inline constexpr int64_t kTcMinTokens = 9;
 // The MMA TcMatMul uses on this device by default (docs/NUMERICS.md: the measured error of each).
 TcMma DefaultTcMma(const DeviceInfo& info);
+// Every MMA the tensor-core GEMMs can run on this device: fp16 always, FP8 from sm_89.
+std::vector<TcMma> AvailableTcMmas(const DeviceInfo& info);
 
 // In place over rows x n; weight: device f32 [n] or nullptr.
 Status RmsNormRows(CudaDevice& dev, float* x, int64_t rows, int64_t n, const float* weight,

@@ -84,6 +84,13 @@ std::vector<ExpertTile> BuildExpertTiles(const RoutedGroups& g, int max_rows) {
   return tiles;
 }
 
+std::vector<int32_t> ExpertTileWords(const RoutedGroups& g, int max_rows) {
+  std::vector<int32_t> words;
+  for (const ExpertTile& t : BuildExpertTiles(g, max_rows))
+    words.insert(words.end(), {t.expert, t.begin, t.count});
+  return words;
+}
+
 std::vector<int32_t> TopKAscending(std::span<const float> scores, int k) {
   std::vector<int32_t> idx(scores.size());
   std::iota(idx.begin(), idx.end(), 0);

@@ -55,6 +55,9 @@ struct ExpertTile {
 };
 // Tiles of at most max_rows rows over the non-empty experts, ascending expert then row.
 std::vector<ExpertTile> BuildExpertTiles(const RoutedGroups& g, int max_rows);
+// The same tiles as the grouped kernels read them: int32 words [n_tiles, 3] (expert, begin,
+// count).
+std::vector<int32_t> ExpertTileWords(const RoutedGroups& g, int max_rows);
 
 // The k largest of scores (ties -> lower index), returned ascending; all indices if k >= n.
 std::vector<int32_t> TopKAscending(std::span<const float> scores, int k);
