@@ -185,9 +185,14 @@ void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, in
 
 // Rows [r0, r1) against M token rows; y[j*ldy + y_offset + (r - r0)]. Fewer tokens, more rows
 // side by side, so about four independent accumulator chains are always in flight.
+// xi: the token as exact integers (M = 1, FP4 weights: fused::Fp4IntRows), or null.
 template <int M>
 void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, float* y, int64_t ldy,
-              int64_t y_offset) {
+              int64_t y_offset, const fused::Fp4IntRow* xi = nullptr) {
+  if (M == 1 && xi) {
+    fused::Fp4IntRows(w, r0, r1, *xi, x, y + y_offset);
+    return;
+  }
   constexpr int kRows = M >= 4 ? 1 : 4 / M;
   int64_t r = r0;
   for (; r + kRows <= r1; r += kRows) GemvRowBlock<M, kRows>(w, r, x, y, ldy, y_offset + (r - r0));
@@ -267,6 +272,11 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
     // 10.4 -> 11.7 (32 tokens: 11.0 -> 11.6).
     const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block ? 16 : 32;
     const bool panels = m >= panel_min_tokens;
+    // A last token row alone (m % 4 == 1) goes through the one-token GEMV, where FP4 blocks of
+    // exact integer activations take the integer route (Fp4IntRow).
+    fused::Fp4IntRow last_row;
+    const bool int_route = !panels && m % 4 == 1 && w.format == WeightFormat::kFp4Packed;
+    if (int_route) last_row = fused::MakeFp4IntRow(x + (m - 1) * k, k);
     const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
     pool.ParallelForRange(
         n_tiles,
@@ -282,7 +292,8 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
               float* yg = y + g * n_out;
               switch (std::min<int64_t>(4, m - g)) {
                 case 1:
-                  GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin,
+                              int_route ? &last_row : nullptr);
                   break;
                 case 2:
                   GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin);

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cpu/exact_int16.h"
 #include "backend/cpu/linear_amx_internal.h"
 
 #ifdef DSINFER_AMX_COMPILED
@@ -633,30 +634,9 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   for (int t = 0; t < n_tok && !fp8; ++t) {
     const float* xr = x + tokens[t] * k;
     for (int64_t c = 0; c < c_tail; ++c) {
-      const float* col = xr + c * kTileK;
-      // x = significand * 2^(biased - 150); the shift is the lowest set bit's exponent.
-      int shift = 1000;
-      bool fits = true;
-      for (int i = 0; i < kTileK; ++i) {
-        const uint32_t bits = std::bit_cast<uint32_t>(col[i]) & 0x7fffffffu;
-        if (bits == 0) continue;
-        const int biased = static_cast<int>(bits >> 23);
-        fits = fits && biased != 0 && biased != 255;  // normal numbers only
-        const uint32_t significand = (bits & 0x7fffffu) | 0x800000u;
-        shift = std::min(shift, biased - 150 + std::countr_zero(significand));
-      }
-      if (shift == 1000) shift = 0;  // all zero
-      int32_t magnitudes[kTileK] = {};
-      for (int i = 0; i < kTileK && fits; ++i) {
-        const uint32_t bits = std::bit_cast<uint32_t>(col[i]) & 0x7fffffffu;
-        if (bits == 0) continue;
-        const uint32_t significand = (bits & 0x7fffffu) | 0x800000u;
-        const int up = static_cast<int>(bits >> 23) - 150 - shift;  // >= -countr_zero: exact
-        const int64_t a = up >= 0 ? (up > 15 ? int64_t{1} << 40 : int64_t{significand} << up)
-                                  : int64_t{significand >> -up};
-        fits = a <= 32767;
-        magnitudes[i] = static_cast<int32_t>(a);
-      }
+      int shift = 0;
+      int16_t values[kTileK];
+      const bool fits = ChunkAsInt16(xr + c * kTileK, kTileK, &shift, values);
       const int64_t at = t * int_token + c;
       int_shift[at] = shift;
       int_lo[at] = fits ? std::max(2, 2 - shift) : 1;  // an empty range: never
@@ -669,8 +649,7 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
       int16_t* dst = ai.data() + t * ai_token + (c / kLanes) * kGroupCols;
       for (int i = 0; i < kTileK; ++i) {
         const int q = static_cast<int>(c % kLanes) * kTileK + i;
-        const int32_t a = std::signbit(col[i]) ? -magnitudes[i] : magnitudes[i];
-        dst[(4 * (q / 128) + q % 4) * 32 + (q % 128) / 4] = static_cast<int16_t>(a);
+        dst[(4 * (q / 128) + q % 4) * 32 + (q % 128) / 4] = values[i];
       }
     }
   }

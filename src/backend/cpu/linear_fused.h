@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "model/weights.h"
 
@@ -100,6 +101,26 @@ inline float Fp8BlockScale(const model::WeightMatrix& w, int64_t r, int64_t c) {
 // bit-identical to the one-row GEMV of linear.cc for every (row, token).
 void PanelRows(const model::WeightMatrix& w, int64_t r0, int64_t r1, const float* x, int64_t m,
                float* y, int64_t ldy, int64_t y_offset);
+
+// One token row of an FP4 matmul as exact integers (exact_int16.h), for the integer route of
+// the one-token GEMV. a [k] int16: each 32-column block in the order of the madd pairs, column
+// l beside column 8 + l ([x0, x8, x1, x9, .., x7, x15, x16, x24, ..]), so that dword lane l of
+// the sums covers columns l, 8 + l, 16 + l and 24 + l, the FP32 route's lane l. unit [k / 32]:
+// 2^shift, or 0 where the block takes the FP32 route. The route is used only where the FP32
+// route's block sum is exact as well (every partial sum an integer below 2^24 times 2^shift),
+// so both give the same bits and a token's result never depends on which one ran.
+struct Fp4IntRow {
+  std::vector<int16_t> a;   // [k]
+  std::vector<float> unit;  // [k / 32 rounded up to 8]
+};
+
+// Token row x [k] (k a multiple of 32) in that form.
+Fp4IntRow MakeFp4IntRow(const float* x, int64_t k);
+
+// FP4 rows [r0, r1) of w against one token: x [k] and the same token as xi. Writes y[r - r0],
+// bit-identical to the one-row GEMV of linear.cc (GemvRowBlock<1, R>).
+void Fp4IntRows(const model::WeightMatrix& w, int64_t r0, int64_t r1, const Fp4IntRow& xi,
+                const float* x, float* y);
 
 }  // namespace dsinfer::backend::cpu::fused
 
