@@ -182,8 +182,8 @@ TEST(Linear, E2m1VectorDecodeIsExactForEveryByte) {
 // The one-token FP4 GEMV's integer route (linear_fp4int.cc) at its edges: which blocks qualify
 // (integers up to 32767 times 2^shift, shift up to 106, no subnormal value) and outputs
 // bit-identical to the FP32 route whatever the scale codes (0: a subnormal scale, 254 with a
-// large shift: an overflowing factor, 255: NaN; those blocks fall back). The token alone takes
-// the integer route (m = 1); first in a batch of 4 it takes the FP32 GEMV (GemvRowBlock<4, 1>).
+// large shift: an overflowing factor, 255: NaN; those blocks fall back). The token alone and
+// first of 2 takes the integer routes; first of 3 or 4 the FP32 GEMV.
 TEST(Linear, Fp4IntegerGemvRouteIsExactAtItsEdges) {
   ThreadPool pool(1);
   constexpr int64_t kRows = 9, kCols = 256 + 96;  // a whole group of 8 blocks and 3 more
@@ -227,18 +227,27 @@ TEST(Linear, Fp4IntegerGemvRouteIsExactAtItsEdges) {
           const float sign = positive || rng() % 2 ? 1.0f : -1.0f;
           x[i] = sign * std::ldexp(static_cast<float>(magnitude), c.shift);
         }
-        for (int64_t i = kCols; i < 4 * kCols; ++i) x[i] = normal(rng);
+        // The others: FP8-quantized (mostly qualifying) in batches of 2 and 3 with the token, so
+        // that the 2- and 3-token integer routes run.
+        auto quantized = MakeTokens(3, kCols, true, seed + 100000);
+        std::copy(quantized.begin(), quantized.end(), x.begin() + kCols);
         const fused::Fp4IntRow row = fused::MakeFp4IntRow(x.data(), kCols);
         int64_t qualifying = 0;
         for (int64_t b = 0; b < kBlocks; ++b) qualifying += row.unit[b] != 0.0f;
         EXPECT_EQ(qualifying, c.integer ? kBlocks : 0) << "shift " << c.shift << " hi " << c.hi;
-        std::vector<float> alone(kRows), batch(4 * kRows);
-        MatMul(w.view, x.data(), 1, alone.data(), pool);
+        std::vector<float> batch(4 * kRows);  // [4, kRows]: the FP32 route (GemvRowBlock<4, 1>)
         MatMul(w.view, x.data(), 4, batch.data(), pool);
-        for (int64_t r = 0; r < kRows; ++r)
-          ASSERT_EQ(std::bit_cast<uint32_t>(alone[r]), std::bit_cast<uint32_t>(batch[r]))
-              << "shift " << c.shift << " hi " << c.hi << " code " << code << " positive "
-              << positive << " row " << r << ": alone " << alone[r] << " batch " << batch[r];
+        for (int64_t m = 1; m <= 3; ++m) {  // the integer routes for 1 and 2 tokens, FP32 for 3
+          std::vector<float> y(m * kRows);
+          MatMul(w.view, x.data(), m, y.data(), pool);
+          for (int64_t i = 0; i < m * kRows; ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(batch[i]))
+                << "shift " << c.shift << " hi " << c.hi << " code " << code << " positive "
+                << positive << " m " << m << " token " << i / kRows << " row " << i % kRows << ": "
+                << y[i] << " vs " << batch[i];
+        }
+        std::vector<float> alone(kRows);
+        MatMul(w.view, x.data(), 1, alone.data(), pool);
         if (code >= 2 && code <= 200 && c.shift >= -60 && c.shift <= 0)
           ExpectNearReference(w.view, x, 1, alone);
       }

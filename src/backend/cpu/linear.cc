@@ -169,13 +169,8 @@ void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, in
         __m256 wv[4];
         LoadE2M1x32(rows + i * (k / 2) + c0 / 2, wv);
         const __m256 s = _mm256_broadcast_ss(&scales[i][block % 8]);
-        for (int j = 0; j < M; ++j) {
-          const float* xj = x + j * k + c0;
-          // From zero by FMA, like the FP8 blocks and linear_panel.cc (not a multiply).
-          __m256 p = _mm256_setzero_ps();
-          for (int q = 0; q < 4; ++q) p = _mm256_fmadd_ps(wv[q], _mm256_loadu_ps(xj + 8 * q), p);
-          acc[i][j] = _mm256_fmadd_ps(p, s, acc[i][j]);
-        }
+        for (int j = 0; j < M; ++j)
+          acc[i][j] = _mm256_fmadd_ps(fused::Fp4BlockPart(wv, x + j * k + c0), s, acc[i][j]);
       }
     }
   }
@@ -185,12 +180,12 @@ void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, in
 
 // Rows [r0, r1) against M token rows; y[j*ldy + y_offset + (r - r0)]. Fewer tokens, more rows
 // side by side, so about four independent accumulator chains are always in flight.
-// xi: the token as exact integers (M = 1, FP4 weights: fused::Fp4IntRows), or null.
+// xi: the M tokens as exact integers (FP4 weights, M <= 2: fused::Fp4IntRows), or null.
 template <int M>
 void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, float* y, int64_t ldy,
               int64_t y_offset, const fused::Fp4IntRow* xi = nullptr) {
-  if (M == 1 && xi) {
-    fused::Fp4IntRows(w, r0, r1, *xi, x, y + y_offset);
+  if (M <= 2 && xi) {
+    fused::Fp4IntRows(w, r0, r1, xi, M, x, y + y_offset, ldy);
     return;
   }
   constexpr int kRows = M >= 4 ? 1 : 4 / M;
@@ -272,11 +267,20 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
     // 10.4 -> 11.7 (32 tokens: 11.0 -> 11.6).
     const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block ? 16 : 32;
     const bool panels = m >= panel_min_tokens;
-    // A last token row alone (m % 4 == 1) goes through the one-token GEMV, where FP4 blocks of
-    // exact integer activations take the integer route (Fp4IntRow).
-    fused::Fp4IntRow last_row;
-    const bool int_route = !panels && m % 4 == 1 && w.format == WeightFormat::kFp4Packed;
-    if (int_route) last_row = fused::MakeFp4IntRow(x + (m - 1) * k, k);
+    // The last m % 4 token rows of an FP4 matmul, when 1 or 2: where their activations are exact
+    // small integers (FP8-quantized), the integer route (fused::Fp4IntRows), bit-identical.
+    const int64_t tail = m % 4 <= 2 ? m % 4 : 0;
+    std::vector<fused::Fp4IntRow> tail_rows;  // [tail]
+    if (!panels && tail > 0 && w.format == WeightFormat::kFp4Packed) {
+      for (int64_t t = m - tail; t < m; ++t) {
+        tail_rows.push_back(fused::MakeFp4IntRow(x + t * k, k));
+        if (tail_rows.back().qualifying == 0) {  // e.g. fp32-reference numerics: none ever
+          tail_rows.clear();
+          break;
+        }
+      }
+    }
+    const fused::Fp4IntRow* xi = tail_rows.empty() ? nullptr : tail_rows.data();
     const int64_t n_tiles = (n_out + kRowTile - 1) / kRowTile;
     pool.ParallelForRange(
         n_tiles,
@@ -292,11 +296,10 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
               float* yg = y + g * n_out;
               switch (std::min<int64_t>(4, m - g)) {
                 case 1:
-                  GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin,
-                              int_route ? &last_row : nullptr);
+                  GemvRows<1>(w, r0, r1, xg, yg, n_out, r0 - row_begin, xi);
                   break;
                 case 2:
-                  GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin);
+                  GemvRows<2>(w, r0, r1, xg, yg, n_out, r0 - row_begin, xi);
                   break;
                 case 3:
                   GemvRows<3>(w, r0, r1, xg, yg, n_out, r0 - row_begin);

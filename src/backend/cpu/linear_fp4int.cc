@@ -35,16 +35,16 @@ Fp4IntRow MakeFp4IntRow(const float* x, int64_t k) {
         dst[16 * h + 2 * l + 1] = values[16 * h + 8 + l];
       }
     row.unit[b] = std::ldexp(1.0f, shift);
+    ++row.qualifying;
   }
   return row;
 }
 
 namespace {
 
-// Integer route of one 32-column FP4 block (16 bytes of codes) against a Fp4IntRow block (a0:
-// its first 16 words, a1: the rest): dword lane l = the exact sum over columns l, 8 + l, 16 + l,
-// 24 + l of twice the e2m1 value times the integer activation.
-inline __m256i Fp4IntBlock(const uint8_t* p, __m256i a0, __m256i a1) {
+// Twice the e2m1 values of one 32-column FP4 block (16 bytes of codes) as int16 words in the
+// order of Fp4IntRow::a: w[0] holds columns 0, 8, 1, 9, .., 7, 15, w[1] columns 16, 24, .., 31.
+inline void Fp4IntWords(const uint8_t* p, __m256i w[2]) {
   const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   // From [lo0..lo3, hi0..hi3, lo4..lo7, hi4..hi7] (lo j: column 2 j, hi j: column 2 j + 1) to
   // columns 0, 8, 1, 9, .., 7, 15.
@@ -53,10 +53,18 @@ inline __m256i Fp4IntBlock(const uint8_t* p, __m256i a0, __m256i a1) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i lo = _mm_and_si128(bytes, mask);                     // even columns' codes
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);  // odd columns' codes
-  const __m128i v0 = _mm_shuffle_epi8(lut, _mm_shuffle_epi8(_mm_unpacklo_epi32(lo, hi), pairs));
-  const __m128i v1 = _mm_shuffle_epi8(lut, _mm_shuffle_epi8(_mm_unpackhi_epi32(lo, hi), pairs));
-  return _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(v0), a0),
-                          _mm256_madd_epi16(_mm256_cvtepi8_epi16(v1), a1));
+  w[0] = _mm256_cvtepi8_epi16(
+      _mm_shuffle_epi8(lut, _mm_shuffle_epi8(_mm_unpacklo_epi32(lo, hi), pairs)));
+  w[1] = _mm256_cvtepi8_epi16(
+      _mm_shuffle_epi8(lut, _mm_shuffle_epi8(_mm_unpackhi_epi32(lo, hi), pairs)));
+}
+
+// Dword lane l: the exact sum over columns l, 8 + l, 16 + l, 24 + l of the block's words times
+// the token's integers a [32] (Fp4IntRow::a of the block), as fp32 (below 2^21: exact).
+inline __m256 Fp4IntSum(const __m256i w[2], const int16_t* a) {
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(
+      _mm256_madd_epi16(w[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+      _mm256_madd_epi16(w[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 16)))));
 }
 
 // The integer route's factors for the 8 blocks of scales (Fp4BlockScales' output, n valid) and
@@ -83,57 +91,76 @@ inline int Fp4IntFactors(const float* scales, const float* unit, int64_t n, floa
   return _mm256_movemask_ps(_mm256_castsi256_ps(ok));
 }
 
-// The one-token GEMV of R FP4 rows with the token as exact integers (xi): blocks whose factor
-// is nonzero for all R rows take the integer route, the others GemvRowBlock<1, R>'s FP32 step.
-// Same lanes, same fma(., ., acc) per block in the same order, same final sum: bit-identical to
-// GemvRowBlock.
-template <int R>
-void GemvFp4IntRowBlock(const WeightMatrix& w, int64_t r, const Fp4IntRow& xi, const float* x,
-                        float* y, int64_t y_col) {
-  const int64_t k = w.cols;
+// M tokens x R FP4 rows from row r, in groups of 8 blocks: the blocks where every token's factor
+// is nonzero for every row take the integer route; for the others the FP32 route's block sums
+// (GemvRowBlock's) are formed first, in a loop of their own, so the integer loop carries no fp32
+// decoder (fewer live registers). Each (row, token) gets the same fma(., ., acc) per block in
+// the same order and the same final sum as GemvRowBlock<M, R>: bit-identical.
+template <int M, int R>
+void GemvFp4IntRowBlock(const WeightMatrix& w, int64_t r, const Fp4IntRow* xi, const float* x,
+                        float* y, int64_t ldy, int64_t y_col) {
+  const int64_t k = w.cols, blocks = k / 32;
   const uint8_t* rows = w.data + r * (k / 2);  // [R, k/2]
-  __m256 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 acc[R][M];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < M; ++j) acc[i][j] = _mm256_setzero_ps();
   float scales[R][8] = {};
-  float factors[R][8];
-  int integer = 0;  // blocks of the current group on the integer route
-  for (int64_t c0 = 0; c0 < k; c0 += 32) {
-    const int64_t block = c0 / 32;
-    if (block % 8 == 0) {
-      const int64_t n = std::min<int64_t>(8, k / 32 - block);
-      Fp4BlockScales<R>(w, r, block, scales);
-      integer = 0xff;
+  float factors[M][R][8];
+  alignas(32) float parts[8][R][M][8];  // [block of the group][row][token][lane]
+  for (int64_t g = 0; g < blocks; g += 8) {
+    const int n = static_cast<int>(std::min<int64_t>(8, blocks - g));
+    Fp4BlockScales<R>(w, r, g, scales);
+    int integer = (1 << n) - 1;
+    for (int j = 0; j < M; ++j)
       for (int i = 0; i < R; ++i)
-        integer &= Fp4IntFactors(scales[i], xi.unit.data() + block, n, factors[i]);
-    }
-    if (integer >> (block % 8) & 1) {
-      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&xi.a[c0]));
-      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&xi.a[c0 + 16]));
+        integer &= Fp4IntFactors(scales[i], xi[j].unit.data() + g, n, factors[j][i]);
+    for (int b = 0; b < n; ++b) {
+      if (integer >> b & 1) continue;
       for (int i = 0; i < R; ++i) {
-        const __m256 sum = _mm256_cvtepi32_ps(Fp4IntBlock(rows + i * (k / 2) + c0 / 2, a0, a1));
-        acc[i] = _mm256_fmadd_ps(sum, _mm256_broadcast_ss(&factors[i][block % 8]), acc[i]);
+        __m256 wv[4];
+        LoadE2M1x32(rows + i * (k / 2) + (g + b) * 16, wv);
+        for (int j = 0; j < M; ++j)
+          _mm256_store_ps(parts[b][i][j], Fp4BlockPart(wv, x + j * k + 32 * (g + b)));
       }
-      continue;
     }
-    for (int i = 0; i < R; ++i) {  // GemvRowBlock<1, R>'s step
-      __m256 wv[4];
-      LoadE2M1x32(rows + i * (k / 2) + c0 / 2, wv);
-      __m256 p = _mm256_setzero_ps();
-      for (int q = 0; q < 4; ++q) p = _mm256_fmadd_ps(wv[q], _mm256_loadu_ps(x + c0 + 8 * q), p);
-      acc[i] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&scales[i][block % 8]), acc[i]);
+    for (int b = 0; b < n; ++b) {
+      if (integer >> b & 1) {
+        for (int i = 0; i < R; ++i) {
+          __m256i words[2];
+          Fp4IntWords(rows + i * (k / 2) + (g + b) * 16, words);
+          for (int j = 0; j < M; ++j)
+            acc[i][j] = _mm256_fmadd_ps(Fp4IntSum(words, &xi[j].a[32 * (g + b)]),
+                                        _mm256_broadcast_ss(&factors[j][i][b]), acc[i][j]);
+        }
+        continue;
+      }
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < M; ++j)
+          acc[i][j] = _mm256_fmadd_ps(_mm256_load_ps(parts[b][i][j]),
+                                      _mm256_broadcast_ss(&scales[i][b]), acc[i][j]);
     }
   }
-  for (int i = 0; i < R; ++i) y[y_col + i] = HorizontalSum(acc[i]);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < M; ++j) y[j * ldy + y_col + i] = HorizontalSum(acc[i][j]);
+}
+
+template <int M>
+void IntRows(const WeightMatrix& w, int64_t r0, int64_t r1, const Fp4IntRow* xi, const float* x,
+             float* y, int64_t ldy) {
+  constexpr int kRows = 4 / M;  // as GemvRows: about four chains in flight
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) GemvFp4IntRowBlock<M, kRows>(w, r, xi, x, y, ldy, r - r0);
+  for (; r < r1; ++r) GemvFp4IntRowBlock<M, 1>(w, r, xi, x, y, ldy, r - r0);
 }
 
 }  // namespace
 
-void Fp4IntRows(const WeightMatrix& w, int64_t r0, int64_t r1, const Fp4IntRow& xi, const float* x,
-                float* y) {
-  constexpr int kRows = 4;  // as GemvRowBlock<1, 4>: four independent chains
-  int64_t r = r0;
-  for (; r + kRows <= r1; r += kRows) GemvFp4IntRowBlock<kRows>(w, r, xi, x, y, r - r0);
-  for (; r < r1; ++r) GemvFp4IntRowBlock<1>(w, r, xi, x, y, r - r0);
+void Fp4IntRows(const WeightMatrix& w, int64_t r0, int64_t r1, const Fp4IntRow* xi, int m,
+                const float* x, float* y, int64_t ldy) {
+  if (m == 1)
+    IntRows<1>(w, r0, r1, xi, x, y, ldy);
+  else
+    IntRows<2>(w, r0, r1, xi, x, y, ldy);
 }
 
 }  // namespace dsinfer::backend::cpu::fused
