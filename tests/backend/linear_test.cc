@@ -344,13 +344,14 @@ TEST(Linear, Bf16DotTokenResultIsIndependentOfTheBatch) {
   ThreadPool pool(2);
   for (const Shape& s : kDotShapes) {
     HostWeight w = MakeMatrix(s.format, s.rows, s.cols, 50);
-    const int64_t m = 19;
+    const int64_t m = 34;  // up to two passes of 16 tokens and a remainder
     auto x = MakeTokens(m, s.cols, true, 51);
     std::vector<float> alone(m * s.rows);
     for (int64_t t = 0; t < m; ++t)
       bf16dot::MatMulRows(w.view, 0, s.rows, x.data(), std::vector<int64_t>{t}, alone.data(),
                           s.rows, pool);
-    for (int64_t n : {2, 3, 8, 9, 16, 19}) {
+    // 9+: the tokens' blocks side by side, in passes of up to 16 (17: 16 and 1; 34: 16, 16, 2).
+    for (int64_t n : {2, 3, 8, 9, 16, 17, 19, 34}) {
       std::vector<int64_t> tokens(n);  // tokens in reverse order from m - 1
       for (int64_t i = 0; i < n; ++i) tokens[i] = m - 1 - i;
       std::vector<float> batch(m * s.rows, NAN);
