@@ -32,9 +32,6 @@ constexpr int kBlockCols = 128;  // columns per scale block: 4 vectors of 32 bf1
 constexpr int kVecWords = 32;    // bf16 per vector
 constexpr int kRowTile = 16;     // rows per task unit: a tile's weights stay in L2 across passes
 constexpr int kMaxTokens = 16;   // tokens per pass over a row tile (16 accumulators)
-// Up to this many tokens per call the activations are stored token by token; past it, block by
-// block with the tokens side by side (see MatMulRows).
-constexpr int kTokenMajorMaxTokens = 8;
 constexpr int kChunkBlocks = 8;  // blocks per column chunk (a multiple of 4), see DotTile
 
 // Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
@@ -177,13 +174,13 @@ struct TileSums {
 };
 
 // Blocks [b0, b1) of R weight rows from r (tile_row: r's index in its tile) against T
-// tokens (xb: block b of token t at xb + b x_block + t x_token, bf16 in BlockColumn order; past
-// kTokenMajorMaxTokens tokens x_token is kBlockCols), adding into sums.
+// tokens (xb: block b of token t at xb + b x_block + 128 t, bf16 in BlockColumn order), adding
+// into sums.
 // b0 is a multiple of 4 (the FP4 scales are read 4 blocks at a time).
 template <WeightFormat F, int R, int T>
 DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_row, int64_t b0,
                                     int64_t b1, const uint16_t* xb, int64_t x_block,
-                                    int64_t x_token, TileSums& sums) {
+                                    TileSums& sums) {
   const int64_t row_bytes = F == WeightFormat::kFp4Packed  ? w.cols / 2
                             : F == WeightFormat::kFp8Block ? w.cols
                                                            : w.cols * 2;
@@ -233,10 +230,9 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
           scale = _mm512_set1_ps(1.0f);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
-          // Past 8 tokens: one pointer per block and a constant offset per token (16 token
-          // pointers do not fit the general registers: GCC spilled them, 2x slower).
-          const int64_t token_stride = T > kTokenMajorMaxTokens ? kBlockCols : x_token;
-          const uint16_t* xt = xb + b * x_block + t * token_stride;
+          // One pointer per block and a constant offset per token (with a pointer per token,
+          // 16 of them did not fit the general registers: GCC spilled them, 2x slower).
+          const uint16_t* xt = xb + b * x_block + t * kBlockCols;
           __m512 part = _mm512_setzero_ps();
 #pragma GCC unroll 16
           for (int j = 0; j < 4; ++j)
@@ -262,8 +258,8 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
 // a time when there are few tokens, so a few independent chains are in flight.
 template <WeightFormat F, int T>
 DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r1,
-                                    const uint16_t* xb, int64_t x_block, int64_t x_token,
-                                    const int64_t* tokens, float* y, int64_t ldy) {
+                                    const uint16_t* xb, int64_t x_block, const int64_t* tokens,
+                                    float* y, int64_t ldy) {
   constexpr int R = T > 1 ? 1 : F == WeightFormat::kBF16 ? 4 : 2;
   const int64_t blocks = w.cols / kBlockCols;
   // One or two tokens' activations stay in L1 anyway; there whole rows stream start to end, which
@@ -276,9 +272,8 @@ DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r
   for (int64_t b0 = 0; b0 < blocks; b0 += chunk_blocks) {
     const int64_t b1 = std::min(blocks, b0 + chunk_blocks);
     int i = 0;
-    for (; i + R <= n_rows; i += R)
-      DotRows<F, R, T>(w, r0 + i, i, b0, b1, xb, x_block, x_token, sums);
-    for (; i < n_rows; ++i) DotRows<F, 1, T>(w, r0 + i, i, b0, b1, xb, x_block, x_token, sums);
+    for (; i + R <= n_rows; i += R) DotRows<F, R, T>(w, r0 + i, i, b0, b1, xb, x_block, sums);
+    for (; i < n_rows; ++i) DotRows<F, 1, T>(w, r0 + i, i, b0, b1, xb, x_block, sums);
   }
   for (int i = 0; i < n_rows; ++i)
     for (int t = 0; t < T; ++t)
@@ -293,9 +288,9 @@ constexpr auto DotTileTable(std::index_sequence<I...>) {
 
 template <WeightFormat F>
 void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1, const uint16_t* xb, int64_t x_block,
-               int64_t x_token, const int64_t* tokens, int n, float* y, int64_t ldy) {
+               const int64_t* tokens, int n, float* y, int64_t ldy) {
   static constexpr auto kTiles = DotTileTable<F>(std::make_index_sequence<kMaxTokens>{});
-  kTiles[n - 1](w, r0, r1, xb, x_block, x_token, tokens, y, ldy);
+  kTiles[n - 1](w, r0, r1, xb, x_block, tokens, y, ldy);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -335,23 +330,20 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   if (n_tok == 0 || row_end <= row_begin) return;
   const int64_t k = w.cols;
   // The activations as bf16 in BlockColumn order (the rows are bf16-exact, so the conversion
-  // does not round): up to kTokenMajorMaxTokens tokens xb [slot][k]; past it xb [block][slot][128],
-  // so that a group's tokens sit at constant offsets from one pointer per block. (Token-major
-  // measured ~10 % faster at 2 tokens streaming FP4 from DRAM, the same in cache.)
+  // does not round), the tokens' blocks side by side: xb [block][slot][128], so that a group's
+  // tokens sit at constant offsets from one pointer per block.
   const BlockOrder& order = w.format == WeightFormat::kFp4Packed  ? kFp4Order
                             : w.format == WeightFormat::kFp8Block ? kFp8Order
                                                                   : kNaturalOrder;
   // 64-byte aligned: a vector load that straddles two cache lines costs two.
-  const bool token_major = n_tok <= kTokenMajorMaxTokens;
-  const int64_t x_block = token_major ? kBlockCols : n_tok * kBlockCols;
-  const int64_t x_token = token_major ? k : kBlockCols;
+  const int64_t x_block = n_tok * kBlockCols;
   std::vector<uint16_t> xb_storage(n_tok * k + 32);
   const uintptr_t misalign = reinterpret_cast<uintptr_t>(xb_storage.data()) % 64;
   uint16_t* const xb = xb_storage.data() + (64 - misalign) % 64 / 2;
   for (int64_t s = 0; s < n_tok; ++s) {
     const float* xr = x + tokens[s] * k;
     for (int64_t c0 = 0; c0 < k; c0 += kBlockCols) {
-      uint16_t* dst = xb + (c0 / kBlockCols) * x_block + s * x_token;
+      uint16_t* dst = xb + (c0 / kBlockCols) * x_block + s * kBlockCols;
       for (int q = 0; q < kBlockCols; ++q) dst[q] = F32ToBf16(xr[c0 + order[q]]);
     }
   }
@@ -364,20 +356,20 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
           const int64_t r1 = std::min(row_end, r0 + kRowTile);
           for (int64_t s = 0; s < n_tok; s += kMaxTokens) {
             const int n = static_cast<int>(std::min<int64_t>(kMaxTokens, n_tok - s));
-            const uint16_t* xs = xb + s * x_token;
+            const uint16_t* xs = xb + s * kBlockCols;
             float* yt = y + (r0 - row_begin);
             switch (w.format) {
               case WeightFormat::kFp4Packed:
-                DotTokens<WeightFormat::kFp4Packed>(w, r0, r1, xs, x_block, x_token,
-                                                    tokens.data() + s, n, yt, ldy);
+                DotTokens<WeightFormat::kFp4Packed>(w, r0, r1, xs, x_block, tokens.data() + s, n,
+                                                    yt, ldy);
                 break;
               case WeightFormat::kFp8Block:
-                DotTokens<WeightFormat::kFp8Block>(w, r0, r1, xs, x_block, x_token,
-                                                   tokens.data() + s, n, yt, ldy);
+                DotTokens<WeightFormat::kFp8Block>(w, r0, r1, xs, x_block, tokens.data() + s, n, yt,
+                                                   ldy);
                 break;
               default:
-                DotTokens<WeightFormat::kBF16>(w, r0, r1, xs, x_block, x_token, tokens.data() + s,
-                                               n, yt, ldy);
+                DotTokens<WeightFormat::kBF16>(w, r0, r1, xs, x_block, tokens.data() + s, n, yt,
+                                               ldy);
                 break;
             }
           }
