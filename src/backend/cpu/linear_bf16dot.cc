@@ -189,10 +189,10 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
                                                              : kBlockCols * 2;
   // Weights are prefetched kPrefetchRowSteps row steps ahead (measured on Zen 4, docs/PERF.md).
   // With column chunks (T >= 3) each row is read in 0.5-2 KiB segments 16 rows apart, which the
-  // hardware prefetcher does not follow: +30-50 % at 8 tokens. At one or two tokens whole rows
-  // stream, and FP8 / FP4 still gain ~30 % from the longer lead; bf16, memory-bound there
-  // already, lost 5-15 %.
-  constexpr bool kPrefetch = T > 2 || F != WeightFormat::kBF16;
+  // hardware prefetcher does not follow: into L1, +30-50 % at 8 tokens (into L2 only: slower).
+  // At one or two tokens whole rows stream: into L2 only, four row steps ahead, which the L1
+  // prefetcher then follows (FP4 at one token +50 % against L1 prefetches, +100 % against none;
+  // bf16 +20 %, where L1 prefetches lost 5-15 %).
   constexpr int kPrefetchRowSteps = T > 2 ? 2 : 4;
   // The loops over rows and tokens are unrolled in full (the pragmas) so that acc stays in
   // registers: at 16 tokens GCC otherwise kept it in memory, 2x slower.
@@ -210,13 +210,18 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
                                      static_cast<int>(4 * (g_end - g)));
     for (int64_t b = g; b < g_end; ++b) {
       for (int i = 0; i < R; ++i) {
-        if constexpr (kPrefetch) {
+        {
           // The same block kPrefetchRowSteps row steps on: the weights a later DotRows call of
           // this chunk reads (past the tile's end the next tile's rows; never past the matrix).
           const int64_t ahead_row = std::min(w.rows - 1, r + i + kPrefetchRowSteps * R);
           const uint8_t* ahead = w.data + ahead_row * row_bytes + b * kBlockBytes;
-          for (int line = 0; line < kBlockBytes; line += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+          for (int line = 0; line < kBlockBytes; line += 64) {
+            const char* p = reinterpret_cast<const char*>(ahead + line);
+            if constexpr (T > 2)
+              _mm_prefetch(p, _MM_HINT_T0);
+            else
+              _mm_prefetch(p, _MM_HINT_T1);
+          }
         }
         __m512i v[4];
         ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v);
