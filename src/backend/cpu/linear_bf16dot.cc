@@ -210,18 +210,16 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
                                      static_cast<int>(4 * (g_end - g)));
     for (int64_t b = g; b < g_end; ++b) {
       for (int i = 0; i < R; ++i) {
-        {
-          // The same block kPrefetchRowSteps row steps on: the weights a later DotRows call of
-          // this chunk reads (past the tile's end the next tile's rows; never past the matrix).
-          const int64_t ahead_row = std::min(w.rows - 1, r + i + kPrefetchRowSteps * R);
-          const uint8_t* ahead = w.data + ahead_row * row_bytes + b * kBlockBytes;
-          for (int line = 0; line < kBlockBytes; line += 64) {
-            const char* p = reinterpret_cast<const char*>(ahead + line);
-            if constexpr (T > 2)
-              _mm_prefetch(p, _MM_HINT_T0);
-            else
-              _mm_prefetch(p, _MM_HINT_T1);
-          }
+        // The same block kPrefetchRowSteps row steps on: the weights a later DotRows call of
+        // this chunk reads (past the tile's end the next tile's rows; never past the matrix).
+        const int64_t ahead_row = std::min(w.rows - 1, r + i + kPrefetchRowSteps * R);
+        const uint8_t* ahead = w.data + ahead_row * row_bytes + b * kBlockBytes;
+        for (int line = 0; line < kBlockBytes; line += 64) {
+          const char* p = reinterpret_cast<const char*>(ahead + line);
+          if constexpr (T > 2)
+            _mm_prefetch(p, _MM_HINT_T0);
+          else
+            _mm_prefetch(p, _MM_HINT_T1);
         }
         __m512i v[4];
         ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v);
@@ -258,9 +256,8 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
 // Rows [r0, r1) of one tile (at most kRowTile) against T tokens: y[tokens[t] * ldy + (r - r0)].
 // Columns go in chunks of kChunkBlocks blocks (half as many past 8 tokens) so that the group's
 // activations for a chunk (16 KiB at T = 8 and at T = 16) stay in L1 while every row of the tile
-// passes over them:
-// read from L2 once per row, they cost more than the dot products (measured on Zen 4). R rows at
-// a time when there are few tokens, so a few independent chains are in flight.
+// passes over them: read from L2 once per row, they cost more than the dot products (measured on
+// Zen 4). R rows at a time when there are few tokens, so a few independent chains are in flight.
 template <WeightFormat F, int T>
 DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r1,
                                     const uint16_t* xb, int64_t x_block, const int64_t* tokens,
@@ -268,7 +265,8 @@ DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r
   constexpr int R = T > 1 ? 1 : F == WeightFormat::kBF16 ? 4 : 2;
   const int64_t blocks = w.cols / kBlockCols;
   // One or two tokens' activations stay in L1 anyway; there whole rows stream start to end, which
-  // the hardware prefetcher follows (16 interleaved row segments measured slower from DRAM).
+  // the hardware prefetcher follows from DotRows' L2 prefetches (16 interleaved row segments
+  // measured slower from DRAM).
   const int64_t chunk_blocks = T <= 2 ? blocks : T <= 8 ? kChunkBlocks : kChunkBlocks / 2;
   const int n_rows = static_cast<int>(r1 - r0);
   TileSums sums;
