@@ -173,13 +173,16 @@ struct TileSums {
   alignas(64) float lanes[kRowTile][kMaxTokens][16];
 };
 
-// Blocks [b0, b1) of R weight rows from r (tile_row: r's index in its tile) against T
-// tokens (xb: block b of token t at xb + b x_block + 128 t, bf16 in BlockColumn order), adding
-// into sums.
+// Blocks [b0, b1) of R weight rows from r (tile_row: r's index in its tile) against the T
+// tokens t0 .. t0 + T - 1 of the group (xb: block b of token t at xb + b x_block + 128 t, bf16 in
+// BlockColumn order), adding into sums. The first token pass (t0 = 0) prefetches the weights.
 // b0 is a multiple of 4 (the FP4 scales are read 4 blocks at a time).
+// Summation: bf16 weights (unscaled) add every product into one running sum per output, in
+// column order; block-scaled weights sum each block from +0 and add it times its scale with an
+// FMA. Either way the sequence of one output does not depend on R, T, t0 or the chunking.
 template <WeightFormat F, int R, int T>
 DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_row, int64_t b0,
-                                    int64_t b1, const uint16_t* xb, int64_t x_block,
+                                    int64_t b1, const uint16_t* xb, int64_t x_block, int t0,
                                     TileSums& sums) {
   const int64_t row_bytes = F == WeightFormat::kFp4Packed  ? w.cols / 2
                             : F == WeightFormat::kFp8Block ? w.cols
@@ -200,7 +203,7 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) acc[i][t] = _mm512_load_ps(sums.lanes[tile_row + i][t]);
+    for (int t = 0; t < T; ++t) acc[i][t] = _mm512_load_ps(sums.lanes[tile_row + i][t0 + t]);
   for (int64_t g = b0; g < b1; g += 4) {
     const int64_t g_end = std::min(b1, g + 4);
     __m512 chunk_scales[R];  // FP4: the 16 chunks of blocks g .. g + 3 (lane = chunk)
@@ -209,9 +212,9 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
         chunk_scales[i] = E8m0Values(w.scales + (r + i) * w.scale_cols + 4 * g,
                                      static_cast<int>(4 * (g_end - g)));
     for (int64_t b = g; b < g_end; ++b) {
-      for (int i = 0; i < R; ++i) {
-        // The same block kPrefetchRowSteps row steps on: the weights a later DotRows call of
-        // this chunk reads (past the tile's end the next tile's rows; never past the matrix).
+      // The same block kPrefetchRowSteps row steps on: the weights a later DotRows call of this
+      // chunk reads (past the tile's end the next tile's rows; never past the matrix).
+      for (int i = 0; i < R && t0 == 0; ++i) {
         const int64_t ahead_row = std::min(w.rows - 1, r + i + kPrefetchRowSteps * R);
         const uint8_t* ahead = w.data + ahead_row * row_bytes + b * kBlockBytes;
         for (int line = 0; line < kBlockBytes; line += 64) {
@@ -221,28 +224,49 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
           else
             _mm_prefetch(p, _MM_HINT_T1);
         }
-        __m512i v[4];
-        ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v);
-        __m512 scale;
-        if constexpr (F == WeightFormat::kFp4Packed)
-          scale = _mm512_permutexvar_ps(_mm512_load_si512(kFp4LaneChunk[b - g].data()),
-                                        chunk_scales[i]);
-        else if constexpr (F == WeightFormat::kFp8Block)
-          scale = _mm512_set1_ps(w.Scale(r + i, b * kBlockCols));
-        else
-          scale = _mm512_set1_ps(1.0f);
+      }
+      if constexpr (F == WeightFormat::kBF16) {
+        // R rows side by side: each activation vector is loaded once for all of them (the empty
+        // asm keeps GCC from folding the load into every row's instruction as a memory operand,
+        // which loads it R times; the loads, not the dot products, bounded the one-row loop).
+        __m512i v[R][4];
 #pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-          // One pointer per block and a constant offset per token (with a pointer per token,
-          // 16 of them did not fit the general registers: GCC spilled them, 2x slower).
-          const uint16_t* xt = xb + b * x_block + t * kBlockCols;
-          __m512 part = _mm512_setzero_ps();
+        for (int i = 0; i < R; ++i) ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v[i]);
+        const uint16_t* xblock = xb + b * x_block + t0 * kBlockCols;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
 #pragma GCC unroll 16
-          for (int j = 0; j < 4; ++j)
-            part = _mm512_dpbf16_ps(
-                part, reinterpret_cast<__m512bh>(v[j]),
-                reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + j * kVecWords)));
-          acc[i][t] = _mm512_fmadd_ps(part, scale, acc[i][t]);
+          for (int t = 0; t < T; ++t) {
+            __m512i xv = _mm512_loadu_si512(xblock + t * kBlockCols + j * kVecWords);
+            __asm__("" : "+v"(xv));
+#pragma GCC unroll 16
+            for (int i = 0; i < R; ++i)
+              acc[i][t] = _mm512_dpbf16_ps(acc[i][t], reinterpret_cast<__m512bh>(v[i][j]),
+                                           reinterpret_cast<__m512bh>(xv));
+          }
+      } else {
+        for (int i = 0; i < R; ++i) {
+          __m512i v[4];
+          ConvertBlock<F>(w.data + (r + i) * row_bytes, b, v);
+          __m512 scale;
+          if constexpr (F == WeightFormat::kFp4Packed)
+            scale = _mm512_permutexvar_ps(_mm512_load_si512(kFp4LaneChunk[b - g].data()),
+                                          chunk_scales[i]);
+          else if constexpr (F == WeightFormat::kFp8Block)
+            scale = _mm512_set1_ps(w.Scale(r + i, b * kBlockCols));
+#pragma GCC unroll 16
+          for (int t = 0; t < T; ++t) {
+            // One pointer per block and a constant offset per token (with a pointer per token,
+            // 16 of them did not fit the general registers: GCC spilled them, 2x slower).
+            const uint16_t* xt = xb + b * x_block + (t0 + t) * kBlockCols;
+            __m512 part = _mm512_setzero_ps();
+#pragma GCC unroll 16
+            for (int j = 0; j < 4; ++j)
+              part = _mm512_dpbf16_ps(
+                  part, reinterpret_cast<__m512bh>(v[j]),
+                  reinterpret_cast<__m512bh>(_mm512_loadu_si512(xt + j * kVecWords)));
+            acc[i][t] = _mm512_fmadd_ps(part, scale, acc[i][t]);
+          }
         }
       }
     }
@@ -250,7 +274,7 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) _mm512_store_ps(sums.lanes[tile_row + i][t], acc[i][t]);
+    for (int t = 0; t < T; ++t) _mm512_store_ps(sums.lanes[tile_row + i][t0 + t], acc[i][t]);
 }
 
 // Rows [r0, r1) of one tile (at most kRowTile) against T tokens: y[tokens[t] * ldy + (r - r0)].
@@ -262,7 +286,15 @@ template <WeightFormat F, int T>
 DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r1,
                                     const uint16_t* xb, int64_t x_block, const int64_t* tokens,
                                     float* y, int64_t ldy) {
-  constexpr int R = T > 1 ? 1 : F == WeightFormat::kBF16 ? 4 : 2;
+  // bf16 weights (no block sums to keep) take R = 2 rows at 3+ tokens, in passes of at most 8
+  // tokens (2 x 8 running sums and the block's 8 weight vectors fit the 32 registers): half the
+  // activation loads of one row x 16 tokens. Measured on Zen 4 (docs/PERF.md): in cache +23 %,
+  // +28 %, +11 % at 4, 8, 16 tokens; from DRAM on two threads +5-8 %. The same R = 2 for FP8 /
+  // FP4 (block sums in registers too) measured slower at 16 tokens and was not kept.
+  constexpr bool kBf16 = F == WeightFormat::kBF16;
+  constexpr int R = T > 1 ? (kBf16 && T > 2 ? 2 : 1) : kBf16 ? 4 : 2;
+  constexpr int kPass = kBf16 && T > 8 ? 8 : T;  // tokens of the first pass
+  constexpr int kRest = T - kPass;               // tokens of the second pass (bf16 past 8)
   const int64_t blocks = w.cols / kBlockCols;
   // One or two tokens' activations stay in L1 anyway; there whole rows stream start to end, which
   // the hardware prefetcher follows from DotRows' L2 prefetches (16 interleaved row segments
@@ -275,8 +307,14 @@ DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r
   for (int64_t b0 = 0; b0 < blocks; b0 += chunk_blocks) {
     const int64_t b1 = std::min(blocks, b0 + chunk_blocks);
     int i = 0;
-    for (; i + R <= n_rows; i += R) DotRows<F, R, T>(w, r0 + i, i, b0, b1, xb, x_block, sums);
-    for (; i < n_rows; ++i) DotRows<F, 1, T>(w, r0 + i, i, b0, b1, xb, x_block, sums);
+    for (; i + R <= n_rows; i += R) {
+      DotRows<F, R, kPass>(w, r0 + i, i, b0, b1, xb, x_block, 0, sums);
+      if constexpr (kRest > 0) DotRows<F, R, kRest>(w, r0 + i, i, b0, b1, xb, x_block, kPass, sums);
+    }
+    for (; i < n_rows; ++i) {
+      DotRows<F, 1, kPass>(w, r0 + i, i, b0, b1, xb, x_block, 0, sums);
+      if constexpr (kRest > 0) DotRows<F, 1, kRest>(w, r0 + i, i, b0, b1, xb, x_block, kPass, sums);
+    }
   }
   for (int i = 0; i < n_rows; ++i)
     for (int t = 0; t < T; ++t)
