@@ -17,9 +17,10 @@
 //
 // Invariance: each output (weight row, token) is computed by one fixed instruction sequence: for
 // each 128-column block, t = +0, then four VDPBF16PS over the block's 4 vectors of 32 bf16 (in a
-// fixed per-format column order), then acc = fma(t, block scale, acc); finally a fixed
-// horizontal sum of acc. It is the same for any number of tokens, any batch composition and any
-// row split across threads, so results never depend on them.
+// fixed per-format column order), then acc = fma(t, block scale, acc) (bf16 weights, unscaled:
+// the four VDPBF16PS go straight into acc); finally a fixed horizontal sum of acc. It is the
+// same for any number of tokens, any batch composition and any row split across threads, so
+// results never depend on them.
 #pragma once
 
 #include <cstdint>
