@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
+#include "backend/cpu/peak.h"
 #include "commands.h"
 #include "core/membw.h"
 #include "model/weights.h"
@@ -67,15 +68,18 @@ struct BenchRow {
   double roofline_tok_s = 0;
   double share = -1;     // measured / roofline, median of per-step ratios; < 0: tok_s / roofline
   double read_gbps = 0;  // bandwidth the roofline uses: median of per-step probes; 0: the run's
+  double step_macs = 0;  // multiply-adds of the median step (StepStats::macs)
 };
 
 class ModelBench {
  public:
   ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, ThreadPool& pool,
-             double read_gbps, int repeats, int decode_steps, std::FILE* csv, int threads)
+             double read_gbps, double peak_gmacs, int repeats, int decode_steps, std::FILE* csv,
+             int threads)
       : cpu_(cpu),
         pool_(pool),
         read_gbps_(read_gbps),
+        peak_gmacs_(peak_gmacs),
         repeats_(repeats),
         decode_steps_(decode_steps),
         csv_(csv),
@@ -101,7 +105,7 @@ class ModelBench {
     }
     state = std::move(extended);
     const auto n = static_cast<int64_t>(chunk.size());
-    Report({"prefill", 1, context, n, n / Median(step_s), StepBytes(), 0});
+    Report({"prefill", 1, context, n, n / Median(step_s), StepBytes(), 0, -1, 0, StepMacs()});
     return true;
   }
 
@@ -111,7 +115,7 @@ class ModelBench {
     std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
     for (int i = 0; i < batch; ++i)
       states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
-    std::vector<double> step_s, step_bytes, shares, probes;
+    std::vector<double> step_s, step_bytes, shares, probes, step_macs;
     std::vector<int32_t> toks(batch);  // [B] one new token per sequence
     std::vector<backend::cpu::ForwardOutput> outs(batch);
     std::vector<backend::cpu::SequenceChunk> chunks(batch);
@@ -125,18 +129,19 @@ class ModelBench {
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       step_s.push_back(Seconds(t0));
       step_bytes.push_back(StepBytes());
+      step_macs.push_back(StepMacs());
       shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
       probes.push_back(gbps);
     }
     Report({"decode", batch, prefilled.n_tokens, batch, batch / Median(step_s), Median(step_bytes),
-            0, Median(shares), Median(probes)});
+            0, Median(shares), Median(probes), Median(step_macs)});
     return true;
   }
 
   // Continuous batching's typical step: B running decodes plus one new request's prefill chunk
   // of `chunk_len` tokens in the same forward. Throughput counts every token of the step.
   bool Mixed(const backend::cpu::SequenceState& prefilled, int batch, int chunk_len) {
-    std::vector<double> step_s, step_bytes, shares, probes;
+    std::vector<double> step_s, step_bytes, shares, probes, step_macs;
     for (int r = 0; r < repeats_; ++r) {
       std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
       for (int i = 0; i < batch; ++i)
@@ -157,12 +162,13 @@ class ModelBench {
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       step_s.push_back(Seconds(t0));
       step_bytes.push_back(StepBytes());
+      step_macs.push_back(StepMacs());
       shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
       probes.push_back(gbps);
     }
     Report({"mixed", batch, prefilled.n_tokens, batch + chunk_len,
             (batch + chunk_len) / Median(step_s), Median(step_bytes), 0, Median(shares),
-            Median(probes)});
+            Median(probes), Median(step_macs)});
     return true;
   }
 
@@ -188,29 +194,38 @@ class ModelBench {
     return static_cast<double>(dense_ + st.routed_expert_bytes + st.kv_bytes);
   }
 
+  double StepMacs() const { return static_cast<double>(cpu_.last_step_stats().macs); }
+
   // The bandwidth roofline: a step cannot finish before its distinct bytes have been read once,
-  // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second.
+  // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second. Beside it, the
+  // compute roof: nor before its multiply-adds have run at the cores' measured peak. The share
+  // is against the bandwidth roofline; when the compute roof is the lower one, no kernel can
+  // reach 100 % of it on this machine.
   void Report(BenchRow row) {
     if (row.read_gbps <= 0) row.read_gbps = read_gbps_;
     double floor_s = row.step_bytes / (row.read_gbps * 1e9);
     row.roofline_tok_s = floor_s > 0 ? row.tokens_per_step / floor_s : 0;
+    const double compute_s = peak_gmacs_ > 0 ? row.step_macs / (peak_gmacs_ * 1e9) : 0;
+    const double compute_roof = compute_s > 0 ? row.tokens_per_step / compute_s : 0;
     std::printf("%-7s batch %3d context %6lld: %9.3f tok/s  step reads %8.1f MB  ", row.workload,
                 row.batch, static_cast<long long>(row.context), row.tok_s, row.step_bytes / 1e6);
     const double share = row.share >= 0           ? row.share
                          : row.roofline_tok_s > 0 ? row.tok_s / row.roofline_tok_s
                                                   : 0.0;
-    std::printf("roofline %9.3f tok/s  %5.1f%%  peak RSS %.2f GB\n", row.roofline_tok_s,
-                100.0 * share, PeakRss() / 1e9);
+    std::printf("roofline %9.3f tok/s  %5.1f%%  compute roof %9.3f tok/s  peak RSS %.2f GB\n",
+                row.roofline_tok_s, 100.0 * share, compute_roof, PeakRss() / 1e9);
     if (csv_)
-      std::fprintf(csv_, "%s,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f,%lld\n", row.workload, row.batch,
-                   static_cast<long long>(row.context), threads_, row.read_gbps, row.tok_s,
-                   row.step_bytes, row.roofline_tok_s, share, static_cast<long long>(PeakRss()));
+      std::fprintf(csv_, "%s,%d,%lld,%d,%.3f,%.4f,%.0f,%.4f,%.4f,%lld,%.0f,%.3f,%.4f\n",
+                   row.workload, row.batch, static_cast<long long>(row.context), threads_,
+                   row.read_gbps, row.tok_s, row.step_bytes, row.roofline_tok_s, share,
+                   static_cast<long long>(PeakRss()), row.step_macs, peak_gmacs_, compute_roof);
   }
 
   backend::cpu::CpuModel& cpu_;
   ThreadPool& pool_;
   int64_t peak_rss_ = 0;  // the peak-RSS mark before the last bandwidth probe reset it
   double read_gbps_;
+  double peak_gmacs_;  // the cores' measured multiply-add peak (backend/cpu/peak.h); 0: none
   int repeats_, decode_steps_;
   std::FILE* csv_;
   int threads_;
@@ -282,6 +297,9 @@ int RunBench(int argc, char** argv) {
                bw.read_gbps, bw.copy_gbps);
   // The probe's buffers are freed; reset the peak-RSS mark so the reported peak is the model's.
   ResetPeakResident();
+  const backend::cpu::ComputePeak peak = backend::cpu::MeasureComputePeak(pool);
+  std::fprintf(stderr, "compute peak (%s, %d threads): %.1f GFLOP/s\n",
+               backend::cpu::PeakUnitName(peak.unit), pool.size(), 2 * peak.gmacs);
   auto cpu = backend::cpu::CpuModel::Create(*weights, numerics, pool);
   if (!cpu.ok()) {
     std::fprintf(stderr, "dsinfer: %s\n", cpu.status().ToString().c_str());
@@ -307,9 +325,9 @@ int RunBench(int argc, char** argv) {
     }
     std::fprintf(csv,
                  "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,"
-                 "ratio,peak_rss_bytes\n");
+                 "ratio,peak_rss_bytes,step_macs,peak_gmacs,compute_roof_tok_s\n");
   }
-  ModelBench bench(*weights, **cpu, pool, bw.read_gbps, static_cast<int>(repeats),
+  ModelBench bench(*weights, **cpu, pool, bw.read_gbps, peak.gmacs, static_cast<int>(repeats),
                    static_cast<int>(decode), csv, pool.size());
   // One sequence grows from frontier to frontier (each prefill step is the chunk between two
   // frontiers); decode and mixed steps run on copies of it at each frontier.

@@ -20,6 +20,7 @@
 #include "args.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_amx.h"
+#include "backend/cpu/peak.h"
 #include "backend/cpu/selfcheck.h"
 #include "commands.h"
 #include "core/membw.h"
@@ -158,6 +159,16 @@ json CpuReport(StageRunner& stages) {
   stages.Run("memory_bandwidth", [&] {
     BandwidthResult bw = MeasureMemoryBandwidth(pool, int64_t{256} << 20, 3, false);
     cpu["memory_read_gbps"] = bw.read_gbps;
+  });
+
+  // The arithmetic roof of the matmul kernels, measured (backend/cpu/peak.h): the fastest
+  // multiply-add unit here on every thread at once, as `dsinfer bench model` sets steps against.
+  stages.Run("cpu_compute_peak", [&] {
+    const backend::cpu::ComputePeak peak =
+        backend::cpu::MeasureComputePeak(pool, std::min(0.2, stages.Remaining()));
+    cpu["compute_peak"] = {{"unit", backend::cpu::PeakUnitName(peak.unit)},
+                           {"threads", pool.size()},
+                           {"gflops", 2 * peak.gmacs}};
   });
 
   // Self-check of the CPU backend's key ops against fp64 (backend/cpu/selfcheck.h).
@@ -367,6 +378,12 @@ int RunDoctor(int argc, char** argv) {
               cpu["vector_kernels"].get<bool>()
                   ? " (FP8/FP4 at 1-2 tokens: avx512-vector, tile-exact)"
                   : "");
+  if (cpu.contains("compute_peak") && cpu["compute_peak"]["gflops"].get<double>() > 0) {
+    const json& p = cpu["compute_peak"];
+    std::printf("  measured multiply-add peak: %.1f GFLOP/s (%s, %d threads)\n",
+                p["gflops"].get<double>(), p["unit"].get<std::string>().c_str(),
+                p["threads"].get<int>());
+  }
   if (cpu.contains("selfcheck")) {
     std::printf("  self-check vs fp64 (max error / budget):\n");
     for (const json& c : cpu["selfcheck"]["checks"])

@@ -53,6 +53,7 @@ struct WeightMatrix {
     return E8M0ToF32(scales[idx]);
   }
   int64_t Bytes() const;
+  int64_t Elements() const { return rows * cols; }  // multiply-adds per token through it
 };
 
 // A plain tensor view (norm weights, hc params, ape, sinks, biases, tid2eid).

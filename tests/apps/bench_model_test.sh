@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dsinfer bench model` end to end on a tiny checkpoint: every (workload, batch, context) row is
-# in the CSV with positive figures and a roofline, the peak RSS is reported, and a frontier whose
-# state cannot fit the memory budget is skipped with a reason rather than run out of memory.
+# in the CSV with positive figures, a bandwidth roofline and a compute roof, the peak RSS is
+# reported, and a frontier whose state cannot fit the memory budget is skipped with a reason
+# rather than run out of memory.
 # Usage: tests/apps/bench_model_test.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd)"
@@ -23,12 +24,16 @@ want |= {(w, b, c) for w in ("decode", "mixed") for b in (1, 3) for c in (16, 48
 got = {(r["workload"], int(r["batch"]), int(r["context"])) for r in rows}
 assert got == want, (sorted(got ^ want))
 for r in rows:
-    for key in ("tok_s", "step_bytes", "roofline_tok_s", "ratio", "peak_rss_bytes", "bandwidth_gbps"):
+    for key in ("tok_s", "step_bytes", "roofline_tok_s", "ratio", "peak_rss_bytes", "bandwidth_gbps",
+                "step_macs", "peak_gmacs", "compute_roof_tok_s"):
         assert float(r[key]) > 0, (r, key)
     # The roofline is tokens of the step over (its bytes / bandwidth).
     tokens = {"prefill": 16 if r["context"] == "16" else 32, "decode": int(r["batch"]),
               "mixed": int(r["batch"]) + 8}[r["workload"]]
     roof = tokens / (float(r["step_bytes"]) / (float(r["bandwidth_gbps"]) * 1e9))
     assert abs(roof / float(r["roofline_tok_s"]) - 1) < 1e-3, (r, roof)
+    # The compute roof is the same tokens over (the step's multiply-adds / the measured peak).
+    croof = tokens / (float(r["step_macs"]) / (float(r["peak_gmacs"]) * 1e9))
+    assert abs(croof / float(r["compute_roof_tok_s"]) - 1) < 1e-3, (r, croof)
 print("bench model CSV ok:", len(rows), "rows")
 PY

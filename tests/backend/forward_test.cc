@@ -194,6 +194,57 @@ TEST(Forward, RejectsOutOfVocabularyTokens) {
   EXPECT_EQ(state->n_tokens, 0);  // nothing was consumed
 }
 
+// The step's multiply-add count (the compute roof of `dsinfer bench model`), built here from the
+// config's shapes rather than the weight list: every projection of every layer kind (window,
+// CSA with its indexer, HCA), top-k routed experts per token, the shared expert, the head for
+// the rows asked for, and scores and values over each query's visible rows (window, then the
+// indexer's top-k or all compressed rows; the indexer scores every visible row once over top-k).
+int64_t ExpectedMacs(const model::ModelConfig& c, int64_t start, int64_t n, int64_t head_rows) {
+  const int64_t D = c.hidden, H = c.n_heads, hd = c.head_dim;
+  const int64_t ih = c.index_n_heads, ihd = c.index_head_dim;
+  int64_t macs = head_rows * c.vocab_size * D;
+  for (int li = 0; li < c.n_layers; ++li) {
+    const int ratio = c.CompressRatio(li);
+    int64_t per_token = c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D  // wq_a, wq_b, wkv
+                        + c.o_groups * int64_t{c.o_lora_rank} * (H / c.o_groups * hd)  // wo_a
+                        + D * c.o_groups * int64_t{c.o_lora_rank};                     // wo_b
+    if (ratio > 0) per_token += 2 * (ratio == 4 ? 2 : 1) * hd * D;  // compressor wkv, wgate
+    if (ratio == 4)  // indexer wq_b, weights_proj, its compressor
+      per_token += ih * ihd * c.q_lora_rank + ih * D + 2 * (2 * ihd) * D;
+    per_token += c.n_routed_experts * D  // router gate
+                 + (c.n_experts_per_tok + c.n_shared_experts) * 3 * c.moe_inter * D;
+    macs += n * per_token;
+    for (int64_t pos = start; pos < start + n; ++pos) {
+      int64_t visible = std::min<int64_t>(pos + 1, c.window);
+      if (ratio == 4) {
+        const int64_t n_vis = (pos + 1) / 4;
+        visible += std::min<int64_t>(n_vis, c.index_topk);
+        if (n_vis > c.index_topk) macs += n_vis * ih * ihd;
+      } else if (ratio > 0) {
+        visible += (pos + 1) / ratio;
+      }
+      macs += visible * H * hd * 2;
+    }
+  }
+  return macs;
+}
+
+TEST(Forward, StepStatsCountEveryMultiplyAdd) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  const auto& c = w.config();
+  ThreadPool pool(2);
+  auto m = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(m.ok());
+  // 140 tokens: past the indexer's top-k (8 of 35+ rows) and the first HCA row (128).
+  auto ids = RandomIds(140, c.vocab_size, 5);
+  auto state = (*m)->NewSequence();
+  ForwardOutput out;
+  ASSERT_TRUE((*m)->Forward(*state, ids, {}, &out).ok());
+  EXPECT_EQ((*m)->last_step_stats().macs, ExpectedMacs(c, 0, 140, 1));
+  ASSERT_TRUE((*m)->Forward(*state, std::span(ids).subspan(0, 3), {.all_logits = true}, &out).ok());
+  EXPECT_EQ((*m)->last_step_stats().macs, ExpectedMacs(c, 140, 3, 3));
+}
+
 TEST(Forward, MtpChunkingIsExactAndLogitsAreFinite) {
   const auto& w = dsinfer::testing::PresetWeights("tiny-a");
   ThreadPool pool(2);

@@ -304,6 +304,29 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   if (nm.round_bf16) RoundBf16InPlace(z.data(), static_cast<int64_t>(z.size()));
   QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
 
+  // Multiply-adds: the projections (wo_a: each group's rows see the group's slice, so its rows
+  // times its columns per token), then the scores and values over each query's visible rows.
+  int64_t per_token = lw.wq_a.Elements() + lw.wq_b.Elements() + lw.wkv.Elements() +
+                      lw.wo_a.Elements() + lw.wo_b.Elements();
+  if (ratio > 0) per_token += lw.compressor.wkv.Elements() + lw.compressor.wgate.Elements();
+  if (ratio == 4)
+    per_token += lw.indexer.wq_b.Elements() + lw.indexer.weights_proj.Elements() +
+                 lw.indexer.compressor.wkv.Elements() + lw.indexer.compressor.wgate.Elements();
+  step_stats_.macs += T * per_token;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = pos_of[t];
+    int64_t visible = std::min<int64_t>(pos + 1, W);
+    if (ratio == 4) {
+      visible += static_cast<int64_t>(selected[t].size());
+      const int64_t n_vis = (pos + 1) / 4;  // the indexer scored them all when over top-k
+      if (n_vis > c.index_topk)
+        step_stats_.macs += n_vis * c.index_n_heads * int64_t{c.index_head_dim};
+    } else if (ratio > 0) {
+      visible += (pos + 1) / ratio;
+    }
+    step_stats_.macs += visible * H * int64_t{hd} * 2;  // q . k and p . v
+  }
+
   for (const auto& sg : segments)
     step_stats_.kv_bytes +=
         static_cast<int64_t>(win[&sg - segments.data()].size() + sg.layer->compressed.size() +

@@ -121,6 +121,7 @@ void CpuModel::Logits(const float* H, int64_t T, const model::HcParams& hc_head,
     HcHead(c, hc_head, H + t * HD, y.data() + t * D, numerics_.round_bf16);
   RmsNormRows(y.data(), T, D, &norm, c.norm_eps, numerics_.round_bf16);
   MatMul(weights_.head, y.data(), T, logits, pool_);  // fp32 head
+  step_stats_.macs += T * weights_.head.Elements();
 }
 
 Status CpuModel::Forward(SequenceState& state, std::span<const int32_t> tokens,

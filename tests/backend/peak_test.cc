@@ -1,0 +1,35 @@
+// The compute roof: the fastest multiply-add unit the CPU has, measured on every thread at once.
+#include "backend/cpu/peak.h"
+
+#include <gtest/gtest.h>
+
+namespace dsinfer::backend::cpu {
+namespace {
+
+TEST(ComputePeak, MeasuresTheFastestUnitOnEveryThread) {
+  const PeakUnit units[] = {PeakUnit::kAmxBf16, PeakUnit::kAvx512Bf16, PeakUnit::kAvx512Fma,
+                            PeakUnit::kAvx2Fma};
+  const PeakUnit* first = nullptr;
+  for (const PeakUnit& u : units)
+    if (first == nullptr && PeakUnitAvailable(u)) first = &u;
+  ThreadPool pool(2);
+  const ComputePeak peak = MeasureComputePeak(pool, 0.05);
+  if (first == nullptr) {
+    EXPECT_EQ(peak.gmacs, 0.0);
+    GTEST_SKIP() << "no multiply-add unit this tool knows (not x86-64)";
+  }
+  EXPECT_EQ(peak.unit, *first) << PeakUnitName(peak.unit);
+  // One core's rate of the same unit: the two-thread figure is at least most of it (the pool's
+  // threads may share a core on some machines, never less than one core's worth).
+  const double one = OneCorePeakGmacs(peak.unit, 200000);
+  ASSERT_GT(one, 0.0);
+  EXPECT_GT(peak.gmacs, 0.5 * one) << "one core " << one << ", pool " << peak.gmacs;
+  for (const PeakUnit& u : units) {
+    if (!PeakUnitAvailable(u)) {
+      EXPECT_EQ(OneCorePeakGmacs(u, 1000), 0.0) << PeakUnitName(u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::backend::cpu
