@@ -198,9 +198,9 @@ class ModelBench {
 
   // The bandwidth roofline: a step cannot finish before its distinct bytes have been read once,
   // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second. Beside it, the
-  // compute roof: nor before its multiply-adds have run at the cores' measured peak. The share
-  // is against the bandwidth roofline; when the compute roof is the lower one, no kernel can
-  // reach 100 % of it on this machine.
+  // compute roof: nor can it finish before its multiply-adds have run at the cores' measured
+  // peak. The share is against the bandwidth roofline; where the compute roof is the lower one,
+  // no kernel can reach 100 % of the bandwidth roofline on this machine.
   void Report(BenchRow row) {
     if (row.read_gbps <= 0) row.read_gbps = read_gbps_;
     double floor_s = row.step_bytes / (row.read_gbps * 1e9);
