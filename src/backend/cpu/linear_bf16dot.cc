@@ -63,7 +63,26 @@ constexpr BlockOrder MakeBlockOrder(WeightFormat f) {
 }
 constexpr BlockOrder kFp4Order = MakeBlockOrder(WeightFormat::kFp4Packed);
 constexpr BlockOrder kFp8Order = MakeBlockOrder(WeightFormat::kFp8Block);
-constexpr BlockOrder kNaturalOrder = MakeBlockOrder(WeightFormat::kBF16);
+
+// A BlockOrder as word permutes of a block's 4 vectors of 32 bf16 (natural order in): word p of
+// output vector k is word index[k][p] of the low pair of vectors (columns 0..63) or of the high
+// pair (64..127), as bit p of high[k] says.
+struct BlockPermute {
+  alignas(64) std::array<std::array<uint16_t, 32>, 4> index;
+  std::array<uint32_t, 4> high;
+};
+constexpr BlockPermute MakeBlockPermute(const BlockOrder& order) {
+  BlockPermute bp{};
+  for (int k = 0; k < 4; ++k)
+    for (int p = 0; p < 32; ++p) {
+      const int c = order[32 * k + p];
+      bp.index[k][p] = static_cast<uint16_t>(c % 64);
+      if (c >= 64) bp.high[k] |= uint32_t{1} << p;
+    }
+  return bp;
+}
+constexpr BlockPermute kFp4Permute = MakeBlockPermute(kFp4Order);
+constexpr BlockPermute kFp8Permute = MakeBlockPermute(kFp8Order);
 
 #ifdef DSINFER_BF16DOT_COMPILED
 bool ProbeBf16Dot() {
@@ -334,6 +353,26 @@ void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1, const uint16_t* xb
   kTiles[n - 1](w, r0, r1, xb, x_block, tokens, y, ldy);
 }
 
+// One token's 128 columns x (bf16-exact fp32) as bf16 in the block order of `permute` (natural
+// order when null) at dst. VCVTNE2PS2BF16 rounds, which leaves bf16-exact values unchanged.
+DSINFER_BF16DOT_TARGET void PackActivationBlock(const float* x, const BlockPermute* permute,
+                                                uint16_t* dst) {
+  __m512i w[4];  // natural order: columns 32 k .. 32 k + 31
+  for (int k = 0; k < 4; ++k)
+    w[k] = reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 32 * k + 16), _mm512_loadu_ps(x + 32 * k)));
+  for (int k = 0; k < 4; ++k) {
+    __m512i out = w[k];
+    if (permute != nullptr) {
+      const __m512i index = _mm512_load_si512(permute->index[k].data());
+      const __m512i lo = _mm512_permutex2var_epi16(w[0], index, w[1]);
+      const __m512i hi = _mm512_permutex2var_epi16(w[2], index, w[3]);
+      out = _mm512_mask_blend_epi16(permute->high[k], lo, hi);
+    }
+    _mm512_storeu_si512(dst + 32 * k, out);
+  }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -373,9 +412,9 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   // The activations as bf16 in BlockColumn order (the rows are bf16-exact, so the conversion
   // does not round), the tokens' blocks side by side: xb [block][slot][128], so that a group's
   // tokens sit at constant offsets from one pointer per block.
-  const BlockOrder& order = w.format == WeightFormat::kFp4Packed  ? kFp4Order
-                            : w.format == WeightFormat::kFp8Block ? kFp8Order
-                                                                  : kNaturalOrder;
+  const BlockPermute* permute = w.format == WeightFormat::kFp4Packed  ? &kFp4Permute
+                                : w.format == WeightFormat::kFp8Block ? &kFp8Permute
+                                                                      : nullptr;
   // 64-byte aligned: a vector load that straddles two cache lines costs two.
   const int64_t x_block = n_tok * kBlockCols;
   std::vector<uint16_t> xb_storage(n_tok * k + 32);
@@ -384,8 +423,7 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   for (int64_t s = 0; s < n_tok; ++s) {
     const float* xr = x + tokens[s] * k;
     for (int64_t c0 = 0; c0 < k; c0 += kBlockCols) {
-      uint16_t* dst = xb + (c0 / kBlockCols) * x_block + s * kBlockCols;
-      for (int q = 0; q < kBlockCols; ++q) dst[q] = F32ToBf16(xr[c0 + order[q]]);
+      PackActivationBlock(xr + c0, permute, xb + (c0 / kBlockCols) * x_block + s * kBlockCols);
     }
   }
   const int64_t n_tiles = (row_end - row_begin + kRowTile - 1) / kRowTile;
