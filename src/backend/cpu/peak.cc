@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 
 #include "backend/cpu/linear_amx.h"
 #include "backend/cpu/linear_bf16dot.h"
