@@ -194,6 +194,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
 
   // ---- indexer (CSA): per-query top-k of the visible compressed rows.
   std::vector<std::vector<int32_t>> selected(T);
+  std::vector<int64_t> scored(T, 0);  // [T] compressed rows the indexer scored (past its top-k)
   if (ratio == 4) {
     const int ih = c.index_n_heads, ihd = c.index_head_dim;
     std::vector<float> qi(T * ih * ihd);  // [T, ih, ihd]
@@ -230,6 +231,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
         std::iota(selected[t].begin(), selected[t].end(), 0);
         return;
       }
+      scored[t] = n_vis;
       std::vector<float> scores(n_vis);
       for (int j = 0; j < n_vis; ++j) {
         const float* kj = ls.index_keys.data() + static_cast<int64_t>(j) * ihd;
@@ -248,6 +250,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   // ---- sparse attention with sink over window + compressed rows, per (token, head).
   std::vector<float> o(T * H * hd);  // [T, H, hd]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<int64_t> visible(T);  // [T] rows each query attends to (written by head 0's task)
   pool_.ParallelFor(T * H, [&](int64_t th) {
     int64_t t = th / H;
     int h = static_cast<int>(th % H);
@@ -265,6 +268,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
       int64_t n_vis = (pos + 1) / ratio;
       for (int64_t j = 0; j < n_vis; ++j) rows.push_back(ls.compressed.data() + j * hd);
     }
+    if (h == 0) visible[t] = static_cast<int64_t>(rows.size());
     std::vector<float> logits(rows.size());
     float sink = lw.attn_sink.F32At(h);
     float mx = sink;
@@ -313,19 +317,9 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
     per_token += lw.indexer.wq_b.Elements() + lw.indexer.weights_proj.Elements() +
                  lw.indexer.compressor.wkv.Elements() + lw.indexer.compressor.wgate.Elements();
   step_stats_.macs += T * per_token;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = pos_of[t];
-    int64_t visible = std::min<int64_t>(pos + 1, W);
-    if (ratio == 4) {
-      visible += static_cast<int64_t>(selected[t].size());
-      const int64_t n_vis = (pos + 1) / 4;  // the indexer scored them all when over top-k
-      if (n_vis > c.index_topk)
-        step_stats_.macs += n_vis * c.index_n_heads * int64_t{c.index_head_dim};
-    } else if (ratio > 0) {
-      visible += (pos + 1) / ratio;
-    }
-    step_stats_.macs += visible * H * int64_t{hd} * 2;  // q . k and p . v
-  }
+  for (int64_t t = 0; t < T; ++t)
+    step_stats_.macs += visible[t] * H * int64_t{hd} * 2 +  // q . k and p . v
+                        scored[t] * c.index_n_heads * int64_t{c.index_head_dim};
 
   for (const auto& sg : segments)
     step_stats_.kv_bytes +=
