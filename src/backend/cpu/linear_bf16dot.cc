@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,15 @@ constexpr int kVecWords = 32;    // bf16 per vector
 constexpr int kRowTile = 16;     // rows per task unit: a tile's weights stay in L2 across passes
 constexpr int kMaxTokens = 16;   // tokens per pass over a row tile (16 accumulators)
 constexpr int kChunkBlocks = 8;  // blocks per column chunk (a multiple of 4), see DotTile
+// The many-token kernel (FP8 and bf16 weights; see ManyTokenTile).
+constexpr int kGroupTokens = 6;       // tokens per register block
+constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token group
+// From how many tokens it beats the passes, measured on Zen 4 with matrices streamed from DRAM
+// on two threads (docs/PERF.md): bf16 +8 % at 16 tokens (the head at decode batch 16; in cache
+// +27 %), mixed at 12, -12 % at 8; FP8 -4 % at 17-20, +6 % at 30, +14 % at 36 (in cache +14 % at
+// 32).
+constexpr int64_t kManyTokensMinFp8 = 32;
+constexpr int64_t kManyTokensMinBf16 = 16;
 
 // Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
 // order the conversions below produce, so the activations are permuted once per call instead of
@@ -353,6 +363,202 @@ void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1, const uint16_t* xb
   kTiles[n - 1](w, r0, r1, xb, x_block, tokens, y, ldy);
 }
 
+// Many tokens (prefill, large decode batches), FP8 and bf16 weights. The passes above convert
+// every FP8 weight again for each 16 tokens, and their one or two weight rows against up to 16
+// tokens load each activation vector for one or two dot products. Here token groups of
+// kGroupTokens pass over a row tile in register blocks of R rows x kGroupTokens tokens (FP8:
+// R = 2, whose block sums also take registers; bf16: R = 4), so each weight vector serves 6 dot
+// products and each activation vector R. An FP8 tile is converted once, into a bf16 buffer
+// that stays in L2 for all groups; bf16 rows are read in place. Every output keeps the passes'
+// instruction sequence (FP8: per block a sum from +0 of four VDPBF16PS in BlockColumn order,
+// then acc = fma(sum, scale, acc); bf16: one running sum over the columns in order; one
+// horizontal sum at the end), so results are bit-identical to the passes for any batch.
+class ConvertedTile {
+ public:
+  explicit ConvertedTile(int64_t blocks)
+      : blocks_(blocks),
+        storage_(std::make_unique_for_overwrite<uint16_t[]>(kRowTile * blocks * kBlockCols + 32)),
+        scales_(kRowTile * blocks) {
+    const uintptr_t misalign = reinterpret_cast<uintptr_t>(storage_.get()) % 64;
+    words_ = storage_.get() + (64 - misalign) % 64 / 2;  // 64-byte aligned vector loads
+  }
+  // Row i: blocks() x 128 bf16 in BlockColumn order, like a bf16 matrix row.
+  uint16_t* Row(int i) { return words_ + i * blocks_ * kBlockCols; }
+  const uint8_t* rows() const { return reinterpret_cast<const uint8_t*>(words_); }
+  float* RowScales(int i) { return scales_.data() + i * blocks_; }
+  const float* scales() const { return scales_.data(); }
+  int64_t blocks() const { return blocks_; }
+
+ private:
+  int64_t blocks_;
+  std::unique_ptr<uint16_t[]> storage_;  // [kRowTile, blocks, 128] bf16 (+ alignment slack)
+  uint16_t* words_ = nullptr;
+  std::vector<float> scales_;  // [kRowTile, blocks] the blocks' scales
+};
+
+// The weights a token group reads: tile row i, block b at byte rows + (i blocks + b) 256 (128
+// bf16 in BlockColumn order), its scale at scales[i blocks + b] (FP8; bf16 weights have none).
+struct GroupWeights {
+  const uint8_t* rows;
+  const float* scales;
+  int64_t blocks;
+};
+
+// The running sums of one token group against a row tile: [row in tile][token in group] fp32 x 16
+// lanes, kept between column chunks (storing them is exact).
+struct GroupSums {
+  alignas(64) float lanes[kRowTile][kGroupTokens][16];
+};
+
+// Rows [r0, r0 + rows) of an FP8 matrix into tile.
+DSINFER_BF16DOT_TARGET void ConvertFp8Tile(const WeightMatrix& w, int64_t r0, int rows,
+                                           ConvertedTile& tile) {
+  for (int i = 0; i < rows; ++i)
+    for (int64_t b = 0; b < tile.blocks(); ++b) {
+      __m512i v[4];
+      ConvertBlock<WeightFormat::kFp8Block>(w.data + (r0 + i) * w.cols, b, v);
+      for (int j = 0; j < 4; ++j)
+        _mm512_store_si512(tile.Row(i) + b * kBlockCols + j * kVecWords, v[j]);
+      tile.RowScales(i)[b] = w.Scale(r0 + i, b * kBlockCols);
+    }
+}
+
+// Tile rows [i0, i0 + R) x the group's first T tokens over blocks [b0, b1), adding into sums.
+// xg: block b of the group's token t at xg + (b kGroupTokens + t) 128. kScaled: FP8 (block sums
+// times scales) or bf16 (one running sum).
+template <bool kScaled, int R, int T>
+DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t b0, int64_t b1,
+                                        const uint16_t* xg, GroupSums& sums) {
+  // FP8: 2 x 6 running sums, 2 x 6 block sums, 2 weight vectors and one activation vector; bf16:
+  // 4 x 6 running sums, 4 weight vectors, one activation vector. 27 / 29 of the 32 registers
+  // (the pragmas unroll in full so that GCC keeps them there).
+  __m512 acc[R][T];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[i][t] = _mm512_load_ps(sums.lanes[i0 + i][t]);
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512 part[R][T];
+    if constexpr (kScaled) {
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) part[i][t] = _mm512_setzero_ps();
+    }
+    __m512(&sum)[R][T] = kScaled ? part : acc;  // where this block's products go
+    const uint16_t* xblock = xg + b * kGroupTokens * kBlockCols;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      __m512i wv[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i)
+        wv[i] = _mm512_loadu_si512(gw.rows + ((i0 + i) * gw.blocks + b) * kBlockCols * 2 + 64 * j);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512i xv = _mm512_load_si512(xblock + t * kBlockCols + j * kVecWords);
+        __asm__("" : "+v"(xv));  // one load for all R rows (see DotRows)
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i)
+          sum[i][t] = _mm512_dpbf16_ps(sum[i][t], reinterpret_cast<__m512bh>(wv[i]),
+                                       reinterpret_cast<__m512bh>(xv));
+      }
+    }
+    if constexpr (kScaled) {
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        const __m512 scale = _mm512_set1_ps(gw.scales[(i0 + i) * gw.blocks + b]);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) acc[i][t] = _mm512_fmadd_ps(part[i][t], scale, acc[i][t]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) _mm512_store_ps(sums.lanes[i0 + i][t], acc[i][t]);
+}
+
+// Every row of the tile against the group's first T tokens. The columns go in chunks so that the
+// chunk's activations (12 KiB) stay in L1 while every row block passes over them; the weights
+// come from L2 once per group.
+template <bool kScaled, int T>
+DSINFER_BF16DOT_TARGET void GroupTile(const GroupWeights& gw, int rows, const uint16_t* xg,
+                                      GroupSums& sums) {
+  constexpr int R = kScaled ? 2 : 4;
+  for (int64_t b0 = 0; b0 < gw.blocks; b0 += kGroupChunkBlocks) {
+    const int64_t b1 = std::min(gw.blocks, b0 + kGroupChunkBlocks);
+    int i = 0;
+    for (; i + R <= rows; i += R) GroupBlocks<kScaled, R, T>(gw, i, b0, b1, xg, sums);
+    for (; i < rows; ++i) GroupBlocks<kScaled, 1, T>(gw, i, b0, b1, xg, sums);
+  }
+}
+
+template <bool kScaled>
+DSINFER_BF16DOT_TARGET void GroupTileTokens(const GroupWeights& gw, int rows, int n,
+                                            const uint16_t* xg, GroupSums& sums) {
+  static_assert(kGroupTokens == 6, "the cases below");
+  switch (n) {
+    case 1:
+      GroupTile<kScaled, 1>(gw, rows, xg, sums);
+      break;
+    case 2:
+      GroupTile<kScaled, 2>(gw, rows, xg, sums);
+      break;
+    case 3:
+      GroupTile<kScaled, 3>(gw, rows, xg, sums);
+      break;
+    case 4:
+      GroupTile<kScaled, 4>(gw, rows, xg, sums);
+      break;
+    case 5:
+      GroupTile<kScaled, 5>(gw, rows, xg, sums);
+      break;
+    default:
+      GroupTile<kScaled, 6>(gw, rows, xg, sums);
+      break;
+  }
+}
+
+// Rows [r0, r1) of one tile (at most kRowTile) of an FP8 or bf16 matrix against all n_tok
+// tokens, packed in groups (xb: group g at xb + g x_group, see GroupBlocks):
+// y[tokens[t] * ldy + (r - r0)]. next_r0 .. next_r1: the rows this thread reads next (none when
+// equal), whose codes are prefetched into L2 a slice per group so that the next tile does not
+// start by waiting on DRAM. tile: scratch for the FP8 conversion.
+DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int64_t r1,
+                                          int64_t next_r0, int64_t next_r1, const uint16_t* xb,
+                                          int64_t x_group, int64_t n_tok, const int64_t* tokens,
+                                          float* y, int64_t ldy, ConvertedTile& tile) {
+  const int rows = static_cast<int>(r1 - r0);
+  const bool scaled = w.format == WeightFormat::kFp8Block;
+  const int64_t row_bytes = scaled ? w.cols : w.cols * 2;
+  GroupWeights gw{w.data + r0 * row_bytes, nullptr, w.cols / kBlockCols};
+  if (scaled) {
+    ConvertFp8Tile(w, r0, rows, tile);
+    gw.rows = tile.rows(), gw.scales = tile.scales();
+  }
+  const int64_t groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
+  const int64_t next_lines = (next_r1 - next_r0) * row_bytes / 64;
+  const int64_t lines_per_group = (next_lines + groups - 1) / groups;
+  const char* next = reinterpret_cast<const char*>(w.data + next_r0 * row_bytes);
+  GroupSums sums;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t l = g * lines_per_group; l < std::min(next_lines, (g + 1) * lines_per_group); ++l)
+      _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+    for (int i = 0; i < rows; ++i)
+      for (int t = 0; t < kGroupTokens; ++t) _mm512_store_ps(sums.lanes[i][t], _mm512_setzero_ps());
+    const uint16_t* xg = xb + g * x_group;
+    const int n = static_cast<int>(std::min<int64_t>(kGroupTokens, n_tok - g * kGroupTokens));
+    if (scaled)
+      GroupTileTokens<true>(gw, rows, n, xg, sums);
+    else
+      GroupTileTokens<false>(gw, rows, n, xg, sums);
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < rows; ++i)
+        y[tokens[g * kGroupTokens + t] * ldy + i] =
+            _mm512_reduce_add_ps(_mm512_load_ps(sums.lanes[i][t]));
+  }
+}
+
 // One token's 128 columns x (bf16-exact fp32) as bf16 in the block order of `permute` (natural
 // order when null) at dst. VCVTNE2PS2BF16 rounds, which leaves bf16-exact values unchanged.
 DSINFER_BF16DOT_TARGET void PackActivationBlock(const float* x, const BlockPermute* permute,
@@ -410,23 +616,44 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   if (n_tok == 0 || row_end <= row_begin) return;
   const int64_t k = w.cols;
   // The activations as bf16 in BlockColumn order (the rows are bf16-exact, so the conversion
-  // does not round), the tokens' blocks side by side: xb [block][slot][128], so that a group's
-  // tokens sit at constant offsets from one pointer per block.
+  // does not round), in groups of `group` tokens whose blocks sit side by side: xb [group][block]
+  // [slot][128], so that a group's tokens sit at constant offsets from one pointer per block.
+  // The passes take all tokens as one group; the many-token kernel groups of kGroupTokens.
   const BlockPermute* permute = w.format == WeightFormat::kFp4Packed  ? &kFp4Permute
                                 : w.format == WeightFormat::kFp8Block ? &kFp8Permute
                                                                       : nullptr;
+  const bool many = (w.format == WeightFormat::kFp8Block && n_tok >= kManyTokensMinFp8) ||
+                    (w.format == WeightFormat::kBF16 && n_tok >= kManyTokensMinBf16);
+  const int64_t group = many ? kGroupTokens : n_tok;
+  const int64_t x_group = group * k;  // words per group
   // 64-byte aligned: a vector load that straddles two cache lines costs two.
-  const int64_t x_block = n_tok * kBlockCols;
-  std::vector<uint16_t> xb_storage(n_tok * k + 32);
+  std::vector<uint16_t> xb_storage((n_tok + group - 1) / group * x_group + 32);
   const uintptr_t misalign = reinterpret_cast<uintptr_t>(xb_storage.data()) % 64;
   uint16_t* const xb = xb_storage.data() + (64 - misalign) % 64 / 2;
   for (int64_t s = 0; s < n_tok; ++s) {
     const float* xr = x + tokens[s] * k;
-    for (int64_t c0 = 0; c0 < k; c0 += kBlockCols) {
-      PackActivationBlock(xr + c0, permute, xb + (c0 / kBlockCols) * x_block + s * kBlockCols);
-    }
+    uint16_t* dst = xb + s / group * x_group + s % group * kBlockCols;
+    for (int64_t c0 = 0; c0 < k; c0 += kBlockCols)
+      PackActivationBlock(xr + c0, permute, dst + c0 / kBlockCols * group * kBlockCols);
   }
   const int64_t n_tiles = (row_end - row_begin + kRowTile - 1) / kRowTile;
+  if (many) {
+    pool.ParallelForRange(
+        n_tiles,
+        [&](int64_t ta, int64_t tb) {
+          ConvertedTile converted(w.format == WeightFormat::kFp8Block ? k / kBlockCols : 0);
+          for (int64_t tile = ta; tile < tb; ++tile) {
+            const int64_t r0 = row_begin + tile * kRowTile;
+            const int64_t r1 = std::min(row_end, r0 + kRowTile);
+            const int64_t next_r1 = tile + 1 < tb ? std::min(row_end, r1 + kRowTile) : r1;
+            ManyTokenTile(w, r0, r1, r1, next_r1, xb, x_group, n_tok, tokens.data(),
+                          y + (r0 - row_begin), ldy, converted);
+          }
+        },
+        1);
+    return;
+  }
+  const int64_t x_block = n_tok * kBlockCols;  // one group: block b of slot s at b x_block + 128 s
   pool.ParallelForRange(
       n_tiles,
       [&](int64_t ta, int64_t tb) {

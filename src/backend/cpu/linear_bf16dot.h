@@ -21,6 +21,11 @@
 // the four VDPBF16PS go straight into acc); finally a fixed horizontal sum of acc. It is the
 // same for any number of tokens, any batch composition and any row split across threads, so
 // results never depend on them.
+//
+// Kernels: up to 16 tokens at a time, weights converted in registers (passes of 16 tokens over
+// a 16-row tile). Many tokens (FP8 32+, bf16 16+: prefill, large decode batches): an FP8 tile is
+// converted once into an L2-resident bf16 buffer, then groups of 6 tokens run register blocks of
+// 2 (FP8) or 4 (bf16) rows x 6 tokens over it. Both run the sequence above.
 #pragma once
 
 #include <cstdint>
