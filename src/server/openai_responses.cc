@@ -285,6 +285,13 @@ class ResponseBuilder final : public GenerationObserver {
     return ok;
   }
 
+  // Whether the output holds a message or a function call (reasoning alone answers nothing).
+  bool HasAnswerItem() const {
+    for (const auto& item : response_["output"])
+      if (item["type"] == "message" || item["type"] == "function_call") return true;
+    return false;
+  }
+
   bool CloseItem() {
     if (current_.empty()) return true;
     Json& item = response_["output"].back();
@@ -323,6 +330,15 @@ class ResponseBuilder final : public GenerationObserver {
   // Closes the open item and sets the final status and usage.
   void Complete(const Generation& g, GenerationEnd end) {
     CloseItem();
+    const bool finished = end != GenerationEnd::kCancelled && end != GenerationEnd::kClientGone &&
+                          end != GenerationEnd::kError;
+    if (finished && !HasAnswerItem()) {
+      // The model stopped before any text or tool call (its first token was a stop token, or it
+      // only reasoned): the answer is an empty message, as OpenAI's API returns it, rather than
+      // no message at all (clients read output[...].content of the message they expect).
+      OpenItem("message", OutputDelta{});
+      CloseItem();
+    }
     const SampleOutput& s = g.samples()[0];
     int64_t reasoning_tokens = s.reasoning_tokens;
     response_["usage"] = ResponseUsage(g.usage(), reasoning_tokens);
@@ -331,9 +347,8 @@ class ResponseBuilder final : public GenerationObserver {
       response_["status"] = "cancelled";
     } else if (end == GenerationEnd::kError) {
       response_["status"] = "failed";
-      response_["error"] = {
-          {"code", "server_error"},
-          {"message", GenerationFailed(g.error()).message}};
+      response_["error"] = {{"code", "server_error"},
+                            {"message", GenerationFailed(g.error()).message}};
     } else if (s.engine_finish == runtime::FinishReason::kLength && !s.stopped_by_sequence) {
       response_["status"] = "incomplete";
       response_["incomplete_details"] = {{"reason", "max_output_tokens"}};

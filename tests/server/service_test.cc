@@ -352,6 +352,33 @@ TEST_F(ServiceTest, ResponsesStreamSequenceNumbersIncrease) {
   EXPECT_EQ(Json::parse(got.body)["status"], "completed");
 }
 
+// A generation that stops at once (or only reasons) still answers with a message item, empty,
+// in the response and in the stream's item events.
+TEST_F(ServiceTest, ResponsesAnswerWithAnEmptyMessageWhenNothingIsGenerated) {
+  for (const std::string script : {"", "Hmm.</think>"}) {
+    engine_.script = script;
+    HttpReply r = Request(port_, "POST", "/v1/responses", R"({"model":"test-model","input":"hi"})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    Json out = Json::parse(r.body)["output"];
+    ASSERT_EQ(out.size(), script.empty() ? 1u : 2u) << out.dump();
+    EXPECT_EQ(out.back()["type"], "message");
+    EXPECT_EQ(out.back()["status"], "completed");
+    EXPECT_EQ(out.back()["content"][0]["text"], "");
+    HttpReply st = Request(port_, "POST", "/v1/responses",
+                           R"({"model":"test-model","input":"hi","stream":true})");
+    ASSERT_EQ(st.status, 200) << st.body;
+    std::vector<std::string> types;
+    for (const auto& d : SseData(st.body)) types.push_back(Json::parse(d)["type"]);
+    const std::vector<std::string> tail = {
+        "response.output_item.added", "response.content_part.added", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",   "response.completed"};
+    ASSERT_GE(types.size(), tail.size() + 2);
+    EXPECT_EQ(std::vector<std::string>(types.end() - static_cast<long>(tail.size()), types.end()),
+              tail);
+    EXPECT_EQ(Json::parse(SseData(st.body).back())["response"]["output"].back()["type"], "message");
+  }
+}
+
 TEST_F(ServiceTest, ClientDisconnectCancelsWithinOneStep) {
   engine_.script = std::string(400, 'a');
   engine_.step = 20ms;
