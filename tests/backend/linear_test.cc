@@ -323,7 +323,8 @@ TEST(Linear, Bf16DotMatchesFp64Reference) {
       if (trained && s.format != WeightFormat::kFp8Block) continue;
       HostWeight w = MakeMatrix(s.format, s.rows, s.cols, seed++, trained);
       ASSERT_TRUE(bf16dot::Applies(w.view));
-      // The many-token kernel at bf16 17 and 45, FP8 45 (groups of 6: 2 x 6 and 5, 7 x 6 and 3).
+      // The many-token kernel at bf16 17 and 45, FP8 and FP4 45 (groups of 6: 2 x 6 and 5; 7 x 6
+      // and 3).
       for (int64_t m : {1, 2, 8, 17, 45}) {
         auto x = MakeTokens(m, s.cols, true, seed++);
         std::vector<float> y(m * s.rows, NAN);
@@ -351,8 +352,8 @@ TEST(Linear, Bf16DotTokenResultIsIndependentOfTheBatch) {
       bf16dot::MatMulRows(w.view, 0, s.rows, x.data(), std::vector<int64_t>{t}, alone.data(),
                           s.rows, pool);
     // 9+: the tokens' blocks side by side, in passes of up to 16 (17: 16 and 1; 34: 16, 16, 2).
-    // The many-token kernel (bf16 16+, FP8 32+) in groups of 6 (34: 5 x 6 and 4; 47: 7 x 6 and
-    // 5; 48: no remainder; 53: 8 x 6 and 5).
+    // The many-token kernel (bf16 12+, FP8 32+, FP4 40+) in groups of 6 (16: 2 x 6 and 4; 34:
+    // 5 x 6 and 4; 47: 7 x 6 and 5; 48: no remainder; 53: 8 x 6 and 5).
     for (int64_t n : {2, 3, 8, 9, 16, 17, 19, 34, 39, 40, 47, 48, 53}) {
       std::vector<int64_t> tokens(n);  // tokens in reverse order from m - 1
       for (int64_t i = 0; i < n; ++i) tokens[i] = m - 1 - i;

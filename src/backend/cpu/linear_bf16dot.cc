@@ -34,15 +34,17 @@ constexpr int kVecWords = 32;    // bf16 per vector
 constexpr int kRowTile = 16;     // rows per task unit: a tile's weights stay in L2 across passes
 constexpr int kMaxTokens = 16;   // tokens per pass over a row tile (16 accumulators)
 constexpr int kChunkBlocks = 8;  // blocks per column chunk (a multiple of 4), see DotTile
-// The many-token kernel (FP8 and bf16 weights; see ManyTokenTile).
+// The many-token kernel (see ManyTokenTile).
 constexpr int kGroupTokens = 6;       // tokens per register block
 constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token group
-// From how many tokens it beats the passes, measured on Zen 4 with matrices streamed from DRAM
-// on two threads (docs/PERF.md): bf16 +8 % at 16 tokens (the head at decode batch 16; in cache
-// +27 %), mixed at 12, -12 % at 8; FP8 -4 % at 17-20, +6 % at 30, +14 % at 36 (in cache +14 % at
-// 32).
+// From how many tokens it beats the passes: GMAC/s on Zen 4, two threads, a 16384 x 4096 matrix
+// streamed from DRAM, passes -> this kernel (docs/PERF.md):
+//   bf16  8: -12 %, 12: +5-15 %, 16: +7 %, 24: +12 %, 32: +15 %;
+//   FP8  16: -14 %, 20: -3 %, 24: +0-3 %, 32: +1-3 %, 36 and 40 (8192 rows): +13-14 %;
+//   FP4  16: -10 %, 24: -1 %, 32: 0 %, 48: +7 %, 64: +8.5 %.
+constexpr int64_t kManyTokensMinBf16 = 12;
 constexpr int64_t kManyTokensMinFp8 = 32;
-constexpr int64_t kManyTokensMinBf16 = 16;
+constexpr int64_t kManyTokensMinFp4 = 40;
 
 // Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
 // order the conversions below produce, so the activations are permuted once per call instead of
@@ -363,41 +365,58 @@ void DotTokens(const WeightMatrix& w, int64_t r0, int64_t r1, const uint16_t* xb
   kTiles[n - 1](w, r0, r1, xb, x_block, tokens, y, ldy);
 }
 
-// Many tokens (prefill, large decode batches), FP8 and bf16 weights. The passes above convert
-// every FP8 weight again for each 16 tokens, and their one or two weight rows against up to 16
-// tokens load each activation vector for one or two dot products. Here token groups of
-// kGroupTokens pass over a row tile in register blocks of R rows x kGroupTokens tokens (FP8:
-// R = 2, whose block sums also take registers; bf16: R = 4), so each weight vector serves 6 dot
-// products and each activation vector R. An FP8 tile is converted once, into a bf16 buffer
-// that stays in L2 for all groups; bf16 rows are read in place. Every output keeps the passes'
-// instruction sequence (FP8: per block a sum from +0 of four VDPBF16PS in BlockColumn order,
-// then acc = fma(sum, scale, acc); bf16: one running sum over the columns in order; one
-// horizontal sum at the end), so results are bit-identical to the passes for any batch.
+// Many tokens (prefill, large decode batches). The passes above convert every FP8 / FP4 weight
+// again for each 16 tokens, and their one or two weight rows against up to 16 tokens load each
+// activation vector for one or two dot products. Here token groups of kGroupTokens pass over a
+// row tile in register blocks of R rows x kGroupTokens tokens (FP8 / FP4: R = 2, their block
+// sums also take registers; bf16: R = 4), so each weight vector serves 6 dot products and each
+// activation vector R. An FP8 / FP4 tile is converted once, into a bf16 buffer that stays in L2
+// for all groups; bf16 rows are read in place. Every output keeps the passes' instruction
+// sequence (FP8 / FP4: per block a sum from +0 of four VDPBF16PS in BlockColumn order, then
+// acc = fma(sum, block or lane scales, acc); bf16: one running sum over the columns in order;
+// one horizontal sum at the end), so results are bit-identical to the passes for any batch.
 class ConvertedTile {
  public:
-  explicit ConvertedTile(int64_t blocks)
-      : blocks_(blocks),
-        storage_(std::make_unique_for_overwrite<uint16_t[]>(kRowTile * blocks * kBlockCols + 32)),
-        scales_(kRowTile * blocks) {
-    const uintptr_t misalign = reinterpret_cast<uintptr_t>(storage_.get()) % 64;
-    words_ = storage_.get() + (64 - misalign) % 64 / 2;  // 64-byte aligned vector loads
+  // Makes room for rows of `blocks` blocks; grows only, so a thread's tile is allocated once.
+  void Reserve(int64_t blocks) {
+    blocks_ = blocks;
+    const size_t words = static_cast<size_t>(kRowTile * blocks * kBlockCols + 32);
+    if (words > capacity_) {
+      storage_ = std::make_unique_for_overwrite<uint16_t[]>(words);
+      capacity_ = words;
+      const uintptr_t misalign = reinterpret_cast<uintptr_t>(storage_.get()) % 64;
+      words_ = storage_.get() + (64 - misalign) % 64 / 2;  // 64-byte aligned vector loads
+    }
+    scales_.resize(kRowTile * blocks * 16);
   }
   // Row i: blocks() x 128 bf16 in BlockColumn order, like a bf16 matrix row.
   uint16_t* Row(int i) { return words_ + i * blocks_ * kBlockCols; }
   const uint8_t* rows() const { return reinterpret_cast<const uint8_t*>(words_); }
-  float* RowScales(int i) { return scales_.data() + i * blocks_; }
+  float* BlockScales(int i, int64_t b) { return scales_.data() + (i * blocks_ + b) * 16; }
   const float* scales() const { return scales_.data(); }
   int64_t blocks() const { return blocks_; }
 
  private:
-  int64_t blocks_;
+  int64_t blocks_ = 0;
   std::unique_ptr<uint16_t[]> storage_;  // [kRowTile, blocks, 128] bf16 (+ alignment slack)
+  size_t capacity_ = 0;                  // words in storage_
   uint16_t* words_ = nullptr;
-  std::vector<float> scales_;  // [kRowTile, blocks] the blocks' scales
+  std::vector<float> scales_;  // [kRowTile, blocks, 16] each block's scale per lane
 };
 
+// The calling thread's tile, kept between calls: scratch whose contents mean nothing outside one
+// ManyTokenTile call, so no state is shared. Allocated per call instead, its 160 KiB came back
+// from the OS each time: ~44 page faults a call, which cost more than the kernel at 16 tokens
+// on a 64-row matrix (perf stat, docs/PERF.md).
+ConvertedTile& ThreadTile(int64_t blocks) {
+  thread_local ConvertedTile tile;
+  tile.Reserve(blocks);
+  return tile;
+}
+
 // The weights a token group reads: tile row i, block b at byte rows + (i blocks + b) 256 (128
-// bf16 in BlockColumn order), its scale at scales[i blocks + b] (FP8; bf16 weights have none).
+// bf16 in BlockColumn order), its scale per lane at scales + (i blocks + b) 16 (FP8: the block's
+// scale in every lane; FP4: lane d's chunk's, see kFp4LaneChunk; bf16 weights have none).
 struct GroupWeights {
   const uint8_t* rows;
   const float* scales;
@@ -410,16 +429,31 @@ struct GroupSums {
   alignas(64) float lanes[kRowTile][kGroupTokens][16];
 };
 
-// Rows [r0, r0 + rows) of an FP8 matrix into tile.
-DSINFER_BF16DOT_TARGET void ConvertFp8Tile(const WeightMatrix& w, int64_t r0, int rows,
-                                           ConvertedTile& tile) {
+// Rows [r0, r0 + rows) of an FP8 or FP4 matrix into tile: DotRows' conversions and scales.
+template <WeightFormat F>
+DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int rows,
+                                        ConvertedTile& tile) {
+  const int64_t row_bytes = F == WeightFormat::kFp4Packed ? w.cols / 2 : w.cols;
   for (int i = 0; i < rows; ++i)
-    for (int64_t b = 0; b < tile.blocks(); ++b) {
-      __m512i v[4];
-      ConvertBlock<WeightFormat::kFp8Block>(w.data + (r0 + i) * w.cols, b, v);
-      for (int j = 0; j < 4; ++j)
-        _mm512_store_si512(tile.Row(i) + b * kBlockCols + j * kVecWords, v[j]);
-      tile.RowScales(i)[b] = w.Scale(r0 + i, b * kBlockCols);
+    for (int64_t g = 0; g < tile.blocks(); g += 4) {
+      const int64_t g_end = std::min(tile.blocks(), g + 4);
+      __m512 chunk_scales;  // FP4: the 16 chunks of blocks g .. g + 3 (lane = chunk)
+      if constexpr (F == WeightFormat::kFp4Packed)
+        chunk_scales = E8m0Values(w.scales + (r0 + i) * w.scale_cols + 4 * g,
+                                  static_cast<int>(4 * (g_end - g)));
+      for (int64_t b = g; b < g_end; ++b) {
+        __m512i v[4];
+        ConvertBlock<F>(w.data + (r0 + i) * row_bytes, b, v);
+        for (int j = 0; j < 4; ++j)
+          _mm512_store_si512(tile.Row(i) + b * kBlockCols + j * kVecWords, v[j]);
+        __m512 scale;
+        if constexpr (F == WeightFormat::kFp4Packed)
+          scale =
+              _mm512_permutexvar_ps(_mm512_load_si512(kFp4LaneChunk[b - g].data()), chunk_scales);
+        else
+          scale = _mm512_set1_ps(w.Scale(r0 + i, b * kBlockCols));
+        _mm512_storeu_ps(tile.BlockScales(i, b), scale);
+      }
     }
 }
 
@@ -466,7 +500,7 @@ DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t 
     if constexpr (kScaled) {
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
-        const __m512 scale = _mm512_set1_ps(gw.scales[(i0 + i) * gw.blocks + b]);
+        const __m512 scale = _mm512_loadu_ps(gw.scales + ((i0 + i) * gw.blocks + b) * 16);
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) acc[i][t] = _mm512_fmadd_ps(part[i][t], scale, acc[i][t]);
       }
@@ -529,11 +563,16 @@ DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int
                                           int64_t x_group, int64_t n_tok, const int64_t* tokens,
                                           float* y, int64_t ldy, ConvertedTile& tile) {
   const int rows = static_cast<int>(r1 - r0);
-  const bool scaled = w.format == WeightFormat::kFp8Block;
-  const int64_t row_bytes = scaled ? w.cols : w.cols * 2;
+  const bool scaled = w.format != WeightFormat::kBF16;
+  const int64_t row_bytes = w.format == WeightFormat::kFp4Packed  ? w.cols / 2
+                            : w.format == WeightFormat::kFp8Block ? w.cols
+                                                                  : w.cols * 2;
   GroupWeights gw{w.data + r0 * row_bytes, nullptr, w.cols / kBlockCols};
   if (scaled) {
-    ConvertFp8Tile(w, r0, rows, tile);
+    if (w.format == WeightFormat::kFp4Packed)
+      ConvertTile<WeightFormat::kFp4Packed>(w, r0, rows, tile);
+    else
+      ConvertTile<WeightFormat::kFp8Block>(w, r0, rows, tile);
     gw.rows = tile.rows(), gw.scales = tile.scales();
   }
   const int64_t groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
@@ -623,6 +662,7 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
                                 : w.format == WeightFormat::kFp8Block ? &kFp8Permute
                                                                       : nullptr;
   const bool many = (w.format == WeightFormat::kFp8Block && n_tok >= kManyTokensMinFp8) ||
+                    (w.format == WeightFormat::kFp4Packed && n_tok >= kManyTokensMinFp4) ||
                     (w.format == WeightFormat::kBF16 && n_tok >= kManyTokensMinBf16);
   const int64_t group = many ? kGroupTokens : n_tok;
   const int64_t x_group = group * k;  // words per group
@@ -641,7 +681,8 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
     pool.ParallelForRange(
         n_tiles,
         [&](int64_t ta, int64_t tb) {
-          ConvertedTile converted(w.format == WeightFormat::kFp8Block ? k / kBlockCols : 0);
+          ConvertedTile& converted =
+              ThreadTile(w.format == WeightFormat::kBF16 ? 0 : k / kBlockCols);
           for (int64_t tile = ta; tile < tb; ++tile) {
             const int64_t r0 = row_begin + tile * kRowTile;
             const int64_t r1 = std::min(row_end, r0 + kRowTile);

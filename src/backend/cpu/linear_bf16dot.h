@@ -23,9 +23,10 @@
 // results never depend on them.
 //
 // Kernels: up to 16 tokens at a time, weights converted in registers (passes of 16 tokens over
-// a 16-row tile). Many tokens (FP8 32+, bf16 16+: prefill, large decode batches): an FP8 tile is
-// converted once into an L2-resident bf16 buffer, then groups of 6 tokens run register blocks of
-// 2 (FP8) or 4 (bf16) rows x 6 tokens over it. Both run the sequence above.
+// a 16-row tile). Many tokens (bf16 12+, FP8 32+, FP4 40+: prefill, large decode batches): an
+// FP8 / FP4 tile is converted once into an L2-resident bf16 buffer, then groups of 6 tokens run
+// register blocks of 2 (FP8 / FP4) or 4 (bf16) rows x 6 tokens over it. Both run the sequence
+// above.
 #pragma once
 
 #include <cstdint>
