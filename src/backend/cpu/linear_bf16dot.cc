@@ -527,6 +527,8 @@ DSINFER_BF16DOT_TARGET void GroupTile(const GroupWeights& gw, int rows, const ui
   }
 }
 
+// GroupTile<kScaled, n>. A switch, not a table of GroupTile pointers like DotTokens': the table
+// measured 3-5 % slower (bf16, 64 tokens, in cache), presumably as GroupTile is then not inlined.
 template <bool kScaled>
 DSINFER_BF16DOT_TARGET void GroupTileTokens(const GroupWeights& gw, int rows, int n,
                                             const uint16_t* xg, GroupSums& sums) {
@@ -553,11 +555,11 @@ DSINFER_BF16DOT_TARGET void GroupTileTokens(const GroupWeights& gw, int rows, in
   }
 }
 
-// Rows [r0, r1) of one tile (at most kRowTile) of an FP8 or bf16 matrix against all n_tok
+// Rows [r0, r1) of one tile (at most kRowTile) of an FP8, FP4 or bf16 matrix against all n_tok
 // tokens, packed in groups (xb: group g at xb + g x_group, see GroupBlocks):
 // y[tokens[t] * ldy + (r - r0)]. next_r0 .. next_r1: the rows this thread reads next (none when
 // equal), whose codes are prefetched into L2 a slice per group so that the next tile does not
-// start by waiting on DRAM. tile: scratch for the FP8 conversion.
+// start by waiting on DRAM. tile: scratch for the FP8 / FP4 conversion.
 DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int64_t r1,
                                           int64_t next_r0, int64_t next_r1, const uint16_t* xb,
                                           int64_t x_group, int64_t n_tok, const int64_t* tokens,
