@@ -458,14 +458,14 @@ DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int r
 }
 
 // Tile rows [i0, i0 + R) x the group's first T tokens over blocks [b0, b1), adding into sums.
-// xg: block b of the group's token t at xg + (b kGroupTokens + t) 128. kScaled: FP8 (block sums
-// times scales) or bf16 (one running sum).
+// xg: block b of the group's token t at xg + (b kGroupTokens + t) 128. kScaled: FP8 / FP4 (block
+// sums times their block or lane scales) or bf16 (one running sum).
 template <bool kScaled, int R, int T>
 DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t b0, int64_t b1,
                                         const uint16_t* xg, GroupSums& sums) {
-  // FP8: 2 x 6 running sums, 2 x 6 block sums, 2 weight vectors and one activation vector; bf16:
-  // 4 x 6 running sums, 4 weight vectors, one activation vector. 27 / 29 of the 32 registers
-  // (the pragmas unroll in full so that GCC keeps them there).
+  // FP8 / FP4: 2 x 6 running sums, 2 x 6 block sums, 2 weight vectors and one activation vector;
+  // bf16: 4 x 6 running sums, 4 weight vectors, one activation vector. 27 / 29 of the 32
+  // registers (the pragmas unroll in full so that GCC keeps them there).
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
