@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
   std::printf("one core, GFLOP/s (multiply + add = 2):\n");
-  const cpu::PeakUnit units[] = {cpu::PeakUnit::kAvx2Fma, cpu::PeakUnit::kAvx512Fma,
-                                 cpu::PeakUnit::kAvx512Bf16, cpu::PeakUnit::kAmxBf16};
+  const cpu::PeakUnit units[] = {cpu::PeakUnit::kPortableFma, cpu::PeakUnit::kAvx2Fma,
+                                 cpu::PeakUnit::kAvx512Fma, cpu::PeakUnit::kAvx512Bf16,
+                                 cpu::PeakUnit::kAmxBf16};
   for (cpu::PeakUnit u : units) {
     // AMX trips are 4 tile instructions of 8192 multiply-adds each: fewer trips for a similar time.
     const long trips = u == cpu::PeakUnit::kAmxBf16 ? 5000000 : 20000000;

@@ -27,6 +27,21 @@ double Now() {
 // chain so the compiler keeps them.
 constexpr int kFmaChains = 12;
 
+// Plain C++: kPortableLanes independent chains of a * x + y, which the compiler vectorizes (and
+// contracts into FMAs where the target has them) for whatever CPU it builds for.
+constexpr int kPortableLanes = 64;
+
+float PortableFmaTrips(long trips) {
+  float a[kPortableLanes];
+  for (int i = 0; i < kPortableLanes; ++i) a[i] = static_cast<float>(i) * 1e-3f;
+  const float x = 0.999f, y = 1e-4f;
+  for (long n = 0; n < trips; ++n)
+    for (int i = 0; i < kPortableLanes; ++i) a[i] = a[i] * x + y;
+  float sum = 0;
+  for (int i = 0; i < kPortableLanes; ++i) sum += a[i];
+  return sum;
+}
+
 #ifdef DSINFER_PEAK_X86
 __attribute__((target("avx2,fma"))) float Avx2FmaTrips(long trips) {
   __m256 a[kFmaChains];
@@ -99,6 +114,8 @@ __attribute__((target("amx-tile,amx-bf16"))) float AmxBf16Trips(long trips) {
 // Multiply-adds one trip of the unit's loop does.
 double MacsPerTrip(PeakUnit unit) {
   switch (unit) {
+    case PeakUnit::kPortableFma:
+      return kPortableLanes;
     case PeakUnit::kAvx2Fma:
       return kFmaChains * 8.0;
     case PeakUnit::kAvx512Fma:
@@ -113,8 +130,11 @@ double MacsPerTrip(PeakUnit unit) {
 
 // Runs `trips` trips of the unit's loop on the calling thread (it must be available).
 float RunTrips(PeakUnit unit, long trips) {
+  if (unit == PeakUnit::kPortableFma) return PortableFmaTrips(trips);
 #ifdef DSINFER_PEAK_X86
   switch (unit) {
+    case PeakUnit::kPortableFma:
+      break;
     case PeakUnit::kAvx2Fma:
       return Avx2FmaTrips(trips);
     case PeakUnit::kAvx512Fma:
@@ -133,6 +153,8 @@ float RunTrips(PeakUnit unit, long trips) {
 
 const char* PeakUnitName(PeakUnit unit) {
   switch (unit) {
+    case PeakUnit::kPortableFma:
+      return "portable FP32 FMA";
     case PeakUnit::kAvx2Fma:
       return "AVX2 FMA";
     case PeakUnit::kAvx512Fma:
@@ -146,9 +168,12 @@ const char* PeakUnitName(PeakUnit unit) {
 }
 
 bool PeakUnitAvailable(PeakUnit unit) {
+  if (unit == PeakUnit::kPortableFma) return true;
 #ifdef DSINFER_PEAK_X86
   __builtin_cpu_init();
   switch (unit) {
+    case PeakUnit::kPortableFma:
+      return true;
     case PeakUnit::kAvx2Fma:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case PeakUnit::kAvx512Fma:
@@ -174,13 +199,12 @@ double OneCorePeakGmacs(PeakUnit unit, long iterations) {
 
 ComputePeak MeasureComputePeak(ThreadPool& pool, double seconds) {
   // The fastest unit present: each unit in this order is at least as fast as the ones after it
-  // on every CPU that has it (AMX > BF16 dot products = 2 x the FMA of the same width).
+  // on every CPU that has it (AMX > BF16 dot products = 2 x the FMA of the same width; the
+  // portable loop, last, is always there).
   ComputePeak peak;
   const PeakUnit order[] = {PeakUnit::kAmxBf16, PeakUnit::kAvx512Bf16, PeakUnit::kAvx512Fma,
-                            PeakUnit::kAvx2Fma};
-  const PeakUnit* found = std::find_if(std::begin(order), std::end(order), PeakUnitAvailable);
-  if (found == std::end(order)) return peak;
-  peak.unit = *found;
+                            PeakUnit::kAvx2Fma, PeakUnit::kPortableFma};
+  peak.unit = *std::find_if(std::begin(order), std::end(order), PeakUnitAvailable);
   // Size the chunks from a short single-thread run, then run 4 chunks per thread at once: the
   // total multiply-adds over the wall time is the pool's rate whatever the task distribution.
   const long probe_trips = 20000;
