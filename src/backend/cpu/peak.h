@@ -1,9 +1,9 @@
 // The arithmetic roof of this machine's CPU matmul kernels, measured: the multiply-add units
 // they can use (AVX2 / AVX-512 FMA, AVX-512 BF16 dot products, AMX-BF16 tiles, or on any other
-// CPU the compiler's vectorized fp32 multiply-adds) run in a loop of
-// independent accumulator chains with operands in registers. No kernel reaches it (weights have to
-// be loaded and converted); it is the upper bound a step's multiply-adds are set against, as the
-// read-bandwidth probe is for its bytes (`dsinfer bench model`, build/bench/cpu_peak_bench).
+// CPU the compiler's vectorized fp32 multiply-adds) run in a loop of independent accumulator
+// chains with operands in registers. No kernel reaches it (weights have to be loaded and
+// converted); it is the upper bound a step's multiply-adds are set against, as the read-bandwidth
+// probe is for its bytes (`dsinfer bench model`, build/bench/cpu_peak_bench).
 #pragma once
 
 #include "core/thread_pool.h"
