@@ -143,6 +143,39 @@ TEST(Linear, TokenResultIsIndependentOfTheBatch) {
 // The fused kernels' e4m3 decoder (a sign-extending bit move into fp16) against the scalar
 // decode for every code: value times 2^-8, bit for bit, both zeros included. The two NaN codes
 // (0x7f, 0xff) decode to finite +-480 * 2^-8 there; checkpoints hold no NaN weights.
+// Attention's shared-row kernels compute each query's values exactly as the one-query code does:
+// Dot for the scores, one fused multiply-add per row into each output for the weighted sum. Heads
+// grouped or alone, the results are the same bits (columns with a tail past 16 included).
+TEST(Linear, SharedRowKernelsMatchTheOneQuerySequence) {
+  std::mt19937 rng(70);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t n : {512, 64, 37}) {
+    const int64_t n_rows = 29;
+    std::vector<float> data(n_rows * n), a(kSharedRowsMax * n), p(kSharedRowsMax * n_rows);
+    for (auto* v : {&data, &a, &p})
+      for (auto& x : *v) x = nd(rng);
+    std::vector<const float*> rows(n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) rows[r] = data.data() + ((r * 7) % n_rows) * n;
+    for (int n_a = 1; n_a <= kSharedRowsMax; ++n_a) {
+      std::vector<float> dots(n_a * n_rows), sums(n_a * n);
+      DotSharedRows(a.data(), n, n_a, rows.data(), n_rows, n, dots.data(), n_rows);
+      AxpySharedRows(p.data(), n_rows, n_a, rows.data(), n_rows, n, sums.data(), n);
+      for (int j = 0; j < n_a; ++j) {
+        for (int64_t r = 0; r < n_rows; ++r)
+          ASSERT_EQ(std::bit_cast<uint32_t>(dots[j * n_rows + r]),
+                    std::bit_cast<uint32_t>(Dot(a.data() + j * n, rows[r], n)))
+              << "query " << j << " of " << n_a << " row " << r << " n " << n;
+        for (int64_t i = 0; i < n; ++i) {
+          float acc = 0.0f;
+          for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(p[j * n_rows + r], rows[r][i], acc);
+          ASSERT_EQ(std::bit_cast<uint32_t>(sums[j * n + i]), std::bit_cast<uint32_t>(acc))
+              << "weights " << j << " of " << n_a << " column " << i << " n " << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(Linear, E4m3VectorDecodeIsExactForEveryCode) {
   for (int code = 0; code < 256; ++code) {
     uint8_t codes[8];

@@ -247,17 +247,21 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
     });
   }
 
-  // ---- sparse attention with sink over window + compressed rows, per (token, head).
+  // ---- sparse attention with sink over window + compressed rows. A task takes one token and up
+  // to kSharedRowsMax of its heads: the heads attend to the same rows (one KV head), which are
+  // loaded once for all of them; each head's arithmetic is the one-head sequence (Dot for the
+  // scores, one FMA per row into its output), so grouping changes no value.
   std::vector<float> o(T * H * hd);  // [T, H, hd]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<int64_t> visible(T);  // [T] rows each query attends to (written by head 0's task)
-  pool_.ParallelFor(T * H, [&](int64_t th) {
-    int64_t t = th / H;
-    int h = static_cast<int>(th % H);
-    int64_t pos = pos_of[t];
+  std::vector<int64_t> visible(T);  // [T] rows each query attends to (written by the first task)
+  const int head_groups = (H + kSharedRowsMax - 1) / kSharedRowsMax;
+  pool_.ParallelFor(T * head_groups, [&](int64_t task) {
+    const int64_t t = task / head_groups;
+    const int h0 = static_cast<int>(task % head_groups) * kSharedRowsMax;
+    const int nh = std::min(kSharedRowsMax, H - h0);
+    const int64_t pos = pos_of[t];
     const int si = seg_of[t];
     const LayerState& ls = *segments[si].layer;
-    const float* qh = q.data() + th * hd;
     std::vector<const float*> rows;
     for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p)
       rows.push_back(win[si].data() + (p - win_base[si]) * hd);
@@ -268,27 +272,35 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
       int64_t n_vis = (pos + 1) / ratio;
       for (int64_t j = 0; j < n_vis; ++j) rows.push_back(ls.compressed.data() + j * hd);
     }
-    if (h == 0) visible[t] = static_cast<int64_t>(rows.size());
-    std::vector<float> logits(rows.size());
-    float sink = lw.attn_sink.F32At(h);
-    float mx = sink;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      logits[r] = Dot(qh, rows[r], hd) * scale;
-      mx = std::max(mx, logits[r]);
+    const int64_t n_rows = static_cast<int64_t>(rows.size());
+    if (h0 == 0) visible[t] = n_rows;
+    const float* qt = q.data() + (t * H + h0) * hd;  // [nh, hd]
+    std::vector<float> weights(nh * n_rows);         // [nh, rows] logits, then bf16 P
+    DotSharedRows(qt, hd, nh, rows.data(), n_rows, hd, weights.data(), n_rows);
+    std::vector<float> denom(nh);  // [nh]
+    for (int j = 0; j < nh; ++j) {
+      float* w = weights.data() + j * n_rows;
+      const float sink = lw.attn_sink.F32At(h0 + j);
+      float mx = sink;
+      for (int64_t r = 0; r < n_rows; ++r) {
+        w[r] *= scale;
+        mx = std::max(mx, w[r]);
+      }
+      denom[j] = std::exp(sink - mx);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const float e = std::exp(w[r] - mx);
+        denom[j] += e;
+        w[r] = nm.round_bf16 ? RoundBf16(e) : e;  // P is cast to bf16 before P.V
+      }
     }
-    float denom = std::exp(sink - mx);
-    float* oh = o.data() + th * hd;
-    std::fill_n(oh, hd, 0.0f);
-    for (size_t r = 0; r < rows.size(); ++r) {
-      float p = std::exp(logits[r] - mx);
-      denom += p;
-      float pv = nm.round_bf16 ? RoundBf16(p) : p;  // P is cast to bf16 before P.V
-      const float* kvs = rows[r];
-      for (int i = 0; i < hd; ++i) oh[i] += pv * kvs[i];
+    float* ot = o.data() + (t * H + h0) * hd;  // [nh, hd]
+    AxpySharedRows(weights.data(), n_rows, nh, rows.data(), n_rows, hd, ot, hd);
+    for (int j = 0; j < nh; ++j) {
+      float* oh = ot + j * hd;
+      const float inv = 1.0f / denom[j];
+      for (int i = 0; i < hd; ++i) oh[i] = nm.round_bf16 ? RoundBf16(oh[i] * inv) : oh[i] * inv;
+      ApplyRope(rope, oh + nope, pos, true, nm.round_bf16);  // de-rotate at the query position
     }
-    float inv = 1.0f / denom;
-    for (int i = 0; i < hd; ++i) oh[i] = nm.round_bf16 ? RoundBf16(oh[i] * inv) : oh[i] * inv;
-    ApplyRope(rope, oh + nope, pos, true, nm.round_bf16);  // de-rotate at the query position
   });
 
   // ---- grouped output projection: wo_a per group (bf16, no act quant), then wo_b (FP8).

@@ -1,6 +1,7 @@
 #include "backend/cpu/linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -223,6 +224,109 @@ float Dot(const float* a, const float* b, int64_t n) {
 #endif
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+namespace {
+
+#ifdef DSINFER_X86_AVX2
+// DotSharedRows for NA query vectors: Dot's instruction sequence per output (two 8-lane FMA
+// chains over 16 columns at a time, their sum reduced, then the scalar tail), interleaved.
+template <int NA>
+void DotSharedRowsN(const float* a, int64_t lda, const float* const* rows, int64_t n_rows,
+                    int64_t n, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* b = rows[r];
+    __m256 acc0[NA], acc1[NA];
+    for (int j = 0; j < NA; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8);
+      for (int j = 0; j < NA; ++j) {
+        acc0[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + j * lda + i), b0, acc0[j]);
+        acc1[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + j * lda + i + 8), b1, acc1[j]);
+      }
+    }
+    for (int j = 0; j < NA; ++j) {
+      float s = fused::HorizontalSum(_mm256_add_ps(acc0[j], acc1[j]));
+      for (int64_t t = i; t < n; ++t) s += a[j * lda + t] * b[t];
+      out[j * ldo + r] = s;
+    }
+  }
+}
+
+// AxpySharedRows for NA weight vectors over 16 columns at a time: the NA x 16 running values stay
+// in registers while every row passes.
+template <int NA>
+void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int64_t n_rows,
+                     int64_t n, float* y, int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 acc0[NA], acc1[NA];
+    for (int j = 0; j < NA; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m256 b0 = _mm256_loadu_ps(rows[r] + i), b1 = _mm256_loadu_ps(rows[r] + i + 8);
+      for (int j = 0; j < NA; ++j) {
+        const __m256 pj = _mm256_broadcast_ss(p + j * ldp + r);
+        acc0[j] = _mm256_fmadd_ps(pj, b0, acc0[j]);
+        acc1[j] = _mm256_fmadd_ps(pj, b1, acc1[j]);
+      }
+    }
+    for (int j = 0; j < NA; ++j) {
+      _mm256_storeu_ps(y + j * ldy + i, acc0[j]);
+      _mm256_storeu_ps(y + j * ldy + i + 8, acc1[j]);
+    }
+  }
+  for (; i < n; ++i)
+    for (int j = 0; j < NA; ++j) {
+      float acc = 0.0f;
+      for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(p[j * ldp + r], rows[r][i], acc);
+      y[j * ldy + i] = acc;
+    }
+}
+#endif
+
+}  // namespace
+
+void DotSharedRows(const float* a, int64_t lda, int n_a, const float* const* rows, int64_t n_rows,
+                   int64_t n, float* out, int64_t ldo) {
+#ifdef DSINFER_X86_AVX2
+  switch (n_a) {
+    case 1:
+      return DotSharedRowsN<1>(a, lda, rows, n_rows, n, out, ldo);
+    case 2:
+      return DotSharedRowsN<2>(a, lda, rows, n_rows, n, out, ldo);
+    case 3:
+      return DotSharedRowsN<3>(a, lda, rows, n_rows, n, out, ldo);
+    default:
+      return DotSharedRowsN<4>(a, lda, rows, n_rows, n, out, ldo);
+  }
+#else
+  for (int j = 0; j < n_a; ++j)
+    for (int64_t r = 0; r < n_rows; ++r) out[j * ldo + r] = Dot(a + j * lda, rows[r], n);
+#endif
+}
+
+void AxpySharedRows(const float* p, int64_t ldp, int n_a, const float* const* rows, int64_t n_rows,
+                    int64_t n, float* y, int64_t ldy) {
+#ifdef DSINFER_X86_AVX2
+  switch (n_a) {
+    case 1:
+      return AxpySharedRowsN<1>(p, ldp, rows, n_rows, n, y, ldy);
+    case 2:
+      return AxpySharedRowsN<2>(p, ldp, rows, n_rows, n, y, ldy);
+    case 3:
+      return AxpySharedRowsN<3>(p, ldp, rows, n_rows, n, y, ldy);
+    default:
+      return AxpySharedRowsN<4>(p, ldp, rows, n_rows, n, y, ldy);
+  }
+#else
+  for (int j = 0; j < n_a; ++j)
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = 0.0f;
+      for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(p[j * ldp + r], rows[r][i], acc);
+      y[j * ldy + i] = acc;
+    }
+#endif
 }
 
 void DequantRow(const WeightMatrix& w, int64_t r, float* out) {

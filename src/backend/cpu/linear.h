@@ -23,6 +23,19 @@ void MatMulRows(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end
 
 float Dot(const float* a, const float* b, int64_t n);
 
+// Several query vectors against the same rows (V4's heads share one KV head), each row loaded
+// once for all of them: out[j * ldo + r] = Dot(a + j * lda, rows[r], n), bit for bit, for
+// j < n_a <= kSharedRowsMax.
+constexpr int kSharedRowsMax = 4;
+void DotSharedRows(const float* a, int64_t lda, int n_a, const float* const* rows, int64_t n_rows,
+                   int64_t n, float* out, int64_t ldo);
+
+// The weighted sum of the same rows for several weight vectors: y[j * ldy + i] starts at +0 and
+// takes, for each row r in order, one fused multiply-add y += p[j * ldp + r] * rows[r][i]
+// (j < n_a <= kSharedRowsMax, i < n); each row is loaded once for all j.
+void AxpySharedRows(const float* p, int64_t ldp, int n_a, const float* const* rows, int64_t n_rows,
+                    int64_t n, float* y, int64_t ldy);
+
 // Which kernels MatMul runs for token rows of w that hold bf16-exact values (the official
 // numerics): AMX tiles where the CPU has them, else AVX-512 BF16 dot products, else FP32.
 enum class ExactRowKernel { kAmxTiles, kAvx512Bf16, kFp32 };
