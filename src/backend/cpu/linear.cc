@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/linear_amx.h"
@@ -228,6 +229,13 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 namespace {
 
+// Column i of the weighted row sum for weight vector j: one fused multiply-add per row, in order.
+float AxpyColumn(const float* pj, const float* const* rows, int64_t n_rows, int64_t i) {
+  float acc = 0.0f;
+  for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(pj[r], rows[r][i], acc);
+  return acc;
+}
+
 #ifdef DSINFER_X86_AVX2
 // DotSharedRows for NA query vectors: Dot's instruction sequence per output (two 8-lane FMA
 // chains over 16 columns at a time, their sum reduced, then the scalar tail), interleaved.
@@ -277,11 +285,23 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
     }
   }
   for (; i < n; ++i)
-    for (int j = 0; j < NA; ++j) {
-      float acc = 0.0f;
-      for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(p[j * ldp + r], rows[r][i], acc);
-      y[j * ldy + i] = acc;
-    }
+    for (int j = 0; j < NA; ++j) y[j * ldy + i] = AxpyColumn(p + j * ldp, rows, n_rows, i);
+}
+
+// f(std::integral_constant<int, n_a>{}) for n_a in 1 .. kSharedRowsMax (larger: the maximum).
+template <typename F>
+void WithSharedCount(int n_a, F&& f) {
+  static_assert(kSharedRowsMax == 4, "the cases below");
+  switch (n_a) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
 }
 #endif
 
@@ -290,16 +310,7 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
 void DotSharedRows(const float* a, int64_t lda, int n_a, const float* const* rows, int64_t n_rows,
                    int64_t n, float* out, int64_t ldo) {
 #ifdef DSINFER_X86_AVX2
-  switch (n_a) {
-    case 1:
-      return DotSharedRowsN<1>(a, lda, rows, n_rows, n, out, ldo);
-    case 2:
-      return DotSharedRowsN<2>(a, lda, rows, n_rows, n, out, ldo);
-    case 3:
-      return DotSharedRowsN<3>(a, lda, rows, n_rows, n, out, ldo);
-    default:
-      return DotSharedRowsN<4>(a, lda, rows, n_rows, n, out, ldo);
-  }
+  WithSharedCount(n_a, [&](auto na) { DotSharedRowsN<na()>(a, lda, rows, n_rows, n, out, ldo); });
 #else
   for (int j = 0; j < n_a; ++j)
     for (int64_t r = 0; r < n_rows; ++r) out[j * ldo + r] = Dot(a + j * lda, rows[r], n);
@@ -309,23 +320,10 @@ void DotSharedRows(const float* a, int64_t lda, int n_a, const float* const* row
 void AxpySharedRows(const float* p, int64_t ldp, int n_a, const float* const* rows, int64_t n_rows,
                     int64_t n, float* y, int64_t ldy) {
 #ifdef DSINFER_X86_AVX2
-  switch (n_a) {
-    case 1:
-      return AxpySharedRowsN<1>(p, ldp, rows, n_rows, n, y, ldy);
-    case 2:
-      return AxpySharedRowsN<2>(p, ldp, rows, n_rows, n, y, ldy);
-    case 3:
-      return AxpySharedRowsN<3>(p, ldp, rows, n_rows, n, y, ldy);
-    default:
-      return AxpySharedRowsN<4>(p, ldp, rows, n_rows, n, y, ldy);
-  }
+  WithSharedCount(n_a, [&](auto na) { AxpySharedRowsN<na()>(p, ldp, rows, n_rows, n, y, ldy); });
 #else
   for (int j = 0; j < n_a; ++j)
-    for (int64_t i = 0; i < n; ++i) {
-      float acc = 0.0f;
-      for (int64_t r = 0; r < n_rows; ++r) acc = std::fma(p[j * ldp + r], rows[r][i], acc);
-      y[j * ldy + i] = acc;
-    }
+    for (int64_t i = 0; i < n; ++i) y[j * ldy + i] = AxpyColumn(p + j * ldp, rows, n_rows, i);
 #endif
 }
 
