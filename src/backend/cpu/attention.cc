@@ -232,16 +232,29 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
         return;
       }
       scored[t] = n_vis;
+      // Every index head against every visible key, the heads in groups sharing each key's
+      // loads (the same Dot per head and key), then each key's score summed over the heads in
+      // order. Keys go in blocks so the [heads, keys] products stay small (64 KiB) at any length.
+      constexpr int kKeyBlock = 256;
       std::vector<float> scores(n_vis);
-      for (int j = 0; j < n_vis; ++j) {
-        const float* kj = ls.index_keys.data() + static_cast<int64_t>(j) * ihd;
-        float s = 0.0f;
-        for (int h = 0; h < ih; ++h) {
-          float d = Dot(qi.data() + (t * ih + h) * ihd, kj, ihd);
-          if (nm.round_bf16) d = RoundBf16(d);
-          s += std::max(d, 0.0f) * wts[t * ih + h];
+      std::vector<const float*> keys(kKeyBlock);
+      std::vector<float> dots(static_cast<int64_t>(ih) * kKeyBlock);  // [ih, block]
+      for (int j0 = 0; j0 < n_vis; j0 += kKeyBlock) {
+        const int nb = std::min(kKeyBlock, n_vis - j0);
+        for (int j = 0; j < nb; ++j)
+          keys[j] = ls.index_keys.data() + static_cast<int64_t>(j0 + j) * ihd;
+        for (int h0 = 0; h0 < ih; h0 += kSharedRowsMax)
+          DotSharedRows(qi.data() + (t * ih + h0) * ihd, ihd, std::min(kSharedRowsMax, ih - h0),
+                        keys.data(), nb, ihd, dots.data() + static_cast<int64_t>(h0) * nb, nb);
+        for (int j = 0; j < nb; ++j) {
+          float s = 0.0f;
+          for (int h = 0; h < ih; ++h) {
+            float d = dots[static_cast<int64_t>(h) * nb + j];
+            if (nm.round_bf16) d = RoundBf16(d);
+            s += std::max(d, 0.0f) * wts[t * ih + h];
+          }
+          scores[j0 + j] = nm.round_bf16 ? RoundBf16(s) : s;
         }
-        scores[j] = nm.round_bf16 ? RoundBf16(s) : s;
       }
       selected[t] = TopK(scores, c.index_topk);
     });
