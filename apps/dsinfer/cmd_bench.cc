@@ -71,6 +71,18 @@ struct BenchRow {
   double step_macs = 0;  // multiply-adds of the median step (StepStats::macs)
 };
 
+// One workload's timed steps, each set against the bandwidth probed right before it.
+struct StepSamples {
+  std::vector<double> seconds, bytes, macs, shares, probes;  // [steps] each
+  void Add(double step_s, double step_bytes, double step_macs, double gbps) {
+    seconds.push_back(step_s);
+    bytes.push_back(step_bytes);
+    macs.push_back(step_macs);
+    shares.push_back(step_bytes / (gbps * 1e9) / step_s);
+    probes.push_back(gbps);
+  }
+};
+
 class ModelBench {
  public:
   ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, ThreadPool& pool,
@@ -115,7 +127,7 @@ class ModelBench {
     std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
     for (int i = 0; i < batch; ++i)
       states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
-    std::vector<double> step_s, step_bytes, shares, probes, step_macs;
+    StepSamples steps;
     std::vector<int32_t> toks(batch);  // [B] one new token per sequence
     std::vector<backend::cpu::ForwardOutput> outs(batch);
     std::vector<backend::cpu::SequenceChunk> chunks(batch);
@@ -127,21 +139,16 @@ class ModelBench {
       const double gbps = ProbeBandwidth();
       auto t0 = std::chrono::steady_clock::now();
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
-      step_s.push_back(Seconds(t0));
-      step_bytes.push_back(StepBytes());
-      step_macs.push_back(StepMacs());
-      shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
-      probes.push_back(gbps);
+      steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
-    Report({"decode", batch, prefilled.n_tokens, batch, batch / Median(step_s), Median(step_bytes),
-            0, Median(shares), Median(probes), Median(step_macs)});
+    Report("decode", batch, prefilled.n_tokens, batch, steps);
     return true;
   }
 
   // Continuous batching's typical step: B running decodes plus one new request's prefill chunk
   // of `chunk_len` tokens in the same forward. Throughput counts every token of the step.
   bool Mixed(const backend::cpu::SequenceState& prefilled, int batch, int chunk_len) {
-    std::vector<double> step_s, step_bytes, shares, probes, step_macs;
+    StepSamples steps;
     for (int r = 0; r < repeats_; ++r) {
       std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
       for (int i = 0; i < batch; ++i)
@@ -160,15 +167,9 @@ class ModelBench {
       const double gbps = ProbeBandwidth();
       auto t0 = std::chrono::steady_clock::now();
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
-      step_s.push_back(Seconds(t0));
-      step_bytes.push_back(StepBytes());
-      step_macs.push_back(StepMacs());
-      shares.push_back(step_bytes.back() / (gbps * 1e9) / step_s.back());
-      probes.push_back(gbps);
+      steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
-    Report({"mixed", batch, prefilled.n_tokens, batch + chunk_len,
-            (batch + chunk_len) / Median(step_s), Median(step_bytes), 0, Median(shares),
-            Median(probes), Median(step_macs)});
+    Report("mixed", batch, prefilled.n_tokens, batch + chunk_len, steps);
     return true;
   }
 
@@ -195,6 +196,14 @@ class ModelBench {
   }
 
   double StepMacs() const { return static_cast<double>(cpu_.last_step_stats().macs); }
+
+  // A row from the medians of probed steps.
+  void Report(const char* workload, int batch, int64_t context, int64_t tokens_per_step,
+              const StepSamples& steps) {
+    Report({workload, batch, context, tokens_per_step, tokens_per_step / Median(steps.seconds),
+            Median(steps.bytes), 0, Median(steps.shares), Median(steps.probes),
+            Median(steps.macs)});
+  }
 
   // The bandwidth roofline: a step cannot finish before its distinct bytes have been read once,
   // so it runs at most tokens_per_step / (bytes / bandwidth) tokens per second. Beside it, the

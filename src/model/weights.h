@@ -54,6 +54,13 @@ struct WeightMatrix {
   }
   int64_t Bytes() const;
   int64_t Elements() const { return rows * cols; }  // multiply-adds per token through it
+  // Bytes of one row's codes (scales apart): 4, 2, 1 or 1/2 per element.
+  int64_t RowBytes() const {
+    return format == WeightFormat::kF32        ? cols * 4
+           : format == WeightFormat::kBF16     ? cols * 2
+           : format == WeightFormat::kFp8Block ? cols
+                                               : cols / 2;
+  }
 };
 
 // A plain tensor view (norm weights, hc params, ape, sinks, biases, tid2eid).
@@ -91,6 +98,8 @@ struct ExpertWeights {
   WeightMatrix w1;  // [moe_inter, hidden] fp4 (or fp8)
   WeightMatrix w3;  // [moe_inter, hidden]
   WeightMatrix w2;  // [hidden, moe_inter]
+  // Multiply-adds per token through the expert.
+  int64_t Elements() const { return w1.Elements() + w2.Elements() + w3.Elements(); }
 };
 
 struct LayerWeights {

@@ -433,7 +433,7 @@ struct GroupSums {
 template <WeightFormat F>
 DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int rows,
                                         ConvertedTile& tile) {
-  const int64_t row_bytes = F == WeightFormat::kFp4Packed ? w.cols / 2 : w.cols;
+  const int64_t row_bytes = w.RowBytes();
   for (int i = 0; i < rows; ++i)
     for (int64_t g = 0; g < tile.blocks(); g += 4) {
       const int64_t g_end = std::min(tile.blocks(), g + 4);
@@ -566,9 +566,7 @@ DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int
                                           float* y, int64_t ldy, ConvertedTile& tile) {
   const int rows = static_cast<int>(r1 - r0);
   const bool scaled = w.format != WeightFormat::kBF16;
-  const int64_t row_bytes = w.format == WeightFormat::kFp4Packed  ? w.cols / 2
-                            : w.format == WeightFormat::kFp8Block ? w.cols
-                                                                  : w.cols * 2;
+  const int64_t row_bytes = w.RowBytes();
   GroupWeights gw{w.data + r0 * row_bytes, nullptr, w.cols / kBlockCols};
   if (scaled) {
     if (w.format == WeightFormat::kFp4Packed)

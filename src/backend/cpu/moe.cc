@@ -111,9 +111,7 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
     step_stats_.routed_expert_bytes +=
         lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
     step_stats_.n_routed_experts_used++;
-    step_stats_.macs +=
-        static_cast<int64_t>(slots.size()) *
-        (lw.experts[e].w1.Elements() + lw.experts[e].w2.Elements() + lw.experts[e].w3.Elements());
+    step_stats_.macs += static_cast<int64_t>(slots.size()) * lw.experts[e].Elements();
     for (size_t i = 0; i < slots.size(); ++i) {
       float* dst = acc.data() + (slots[i] / K) * D;
       const float* src = outputs[u].data() + i * D;
@@ -123,8 +121,7 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   if (c.n_shared_experts > 0) {
     std::vector<float> shared(T * D);
     Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, pool_, shared.data());
-    step_stats_.macs +=
-        T * (lw.shared.w1.Elements() + lw.shared.w2.Elements() + lw.shared.w3.Elements());
+    step_stats_.macs += T * lw.shared.Elements();
     for (int64_t i = 0; i < T * D; ++i) acc[i] += shared[i];
   }
   for (int64_t i = 0; i < T * D; ++i) out[i] = nm.round_bf16 ? RoundBf16(acc[i]) : acc[i];

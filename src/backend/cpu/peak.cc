@@ -130,11 +130,10 @@ double MacsPerTrip(PeakUnit unit) {
 
 // Runs `trips` trips of the unit's loop on the calling thread (it must be available).
 float RunTrips(PeakUnit unit, long trips) {
-  if (unit == PeakUnit::kPortableFma) return PortableFmaTrips(trips);
-#ifdef DSINFER_PEAK_X86
   switch (unit) {
     case PeakUnit::kPortableFma:
-      break;
+      return PortableFmaTrips(trips);
+#ifdef DSINFER_PEAK_X86
     case PeakUnit::kAvx2Fma:
       return Avx2FmaTrips(trips);
     case PeakUnit::kAvx512Fma:
@@ -143,9 +142,11 @@ float RunTrips(PeakUnit unit, long trips) {
       return Avx512Bf16Trips(trips);
     case PeakUnit::kAmxBf16:
       return AmxBf16Trips(trips);
-  }
+#else
+    default:
+      break;  // the x86 units: never available here
 #endif
-  (void)unit, (void)trips;
+  }
   return 0;
 }
 
@@ -168,23 +169,25 @@ const char* PeakUnitName(PeakUnit unit) {
 }
 
 bool PeakUnitAvailable(PeakUnit unit) {
-  if (unit == PeakUnit::kPortableFma) return true;
-#ifdef DSINFER_PEAK_X86
-  __builtin_cpu_init();
   switch (unit) {
     case PeakUnit::kPortableFma:
       return true;
+#ifdef DSINFER_PEAK_X86
     case PeakUnit::kAvx2Fma:
+      __builtin_cpu_init();
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case PeakUnit::kAvx512Fma:
+      __builtin_cpu_init();
       return __builtin_cpu_supports("avx512f");
     case PeakUnit::kAvx512Bf16:
       return bf16dot::Available();  // checks the OS's zmm state too
     case PeakUnit::kAmxBf16:
       return amx::Available();  // includes the OS permission request
-  }
+#else
+    default:
+      return false;
 #endif
-  (void)unit;
+  }
   return false;
 }
 
