@@ -117,9 +117,18 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string how = "mapped from the files";
+  if ((*weights)->copied()) {
+    const io::MappedFile::CopyStats stats = (*weights)->checkpoint().copy_stats();
+    char text[128];
+    std::snprintf(text, sizeof text,
+                  "copied into memory (%.2f GB read past the page cache, %.2f GB through it)",
+                  static_cast<double>(stats.direct_bytes) / 1e9,
+                  static_cast<double>(stats.buffered_bytes) / 1e9);
+    how = text;
+  }
   std::fprintf(stderr, "weights: %.2f GB %s (--weights %s) in %.1f s\n",
-               static_cast<double>((*weights)->checkpoint().TotalBytes()) / 1e9,
-               (*weights)->copied() ? "copied into memory" : "mapped from the files",
+               static_cast<double>((*weights)->checkpoint().TotalBytes()) / 1e9, how.c_str(),
                std::string(model::WeightResidencyName(residency)).c_str(), seconds);
   return std::move(*weights);
 }

@@ -145,6 +145,15 @@ Status Checkpoint::CopyIntoMemory() {
   return Status::Ok();
 }
 
+MappedFile::CopyStats Checkpoint::copy_stats() const {
+  MappedFile::CopyStats sum;
+  for (const auto& shard : shards_) {
+    sum.direct_bytes += shard->mapped_file().copy_stats().direct_bytes;
+    sum.buffered_bytes += shard->mapped_file().copy_stats().buffered_bytes;
+  }
+  return sum;
+}
+
 bool Checkpoint::copied() const {
   for (const auto& shard : shards_)
     if (!shard->mapped_file().copied()) return false;

@@ -103,7 +103,8 @@ class Checkpoint {
   // is taken: earlier ones point into the dropped mappings. On error some shards may be copied;
   // the checkpoint stays valid either way.
   Status CopyIntoMemory();
-  bool copied() const;  // every shard copied
+  bool copied() const;                       // every shard copied
+  MappedFile::CopyStats copy_stats() const;  // summed over the shards
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
 
  private:

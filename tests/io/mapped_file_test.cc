@@ -1,11 +1,14 @@
 #include "io/mapped_file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "io_test_util.h"
@@ -146,11 +149,74 @@ TEST(MappedFileTest, CopyIntoMemoryKeepsTheBytesAndIgnoresHints) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(copy) % (uintptr_t{2} << 20), 0u);
   ASSERT_EQ((*file)->size(), want.size());
   EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
+  // Just written, so all in the page cache: read through it.
+  EXPECT_EQ((*file)->copy_stats().buffered_bytes, want.size());
+  EXPECT_EQ((*file)->copy_stats().direct_bytes, 0u);
   EXPECT_TRUE((*file)->AdviseDontNeed(0, want.size()).ok());
   EXPECT_TRUE((*file)->AdviseWillNeed(0, want.size()).ok());
   EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
   ASSERT_TRUE((*file)->CopyIntoMemory().ok());
   EXPECT_EQ((*file)->bytes().data(), copy);
+}
+
+// Whether this filesystem serves an aligned O_DIRECT read of `path` (tmpfs on older kernels
+// refuses O_DIRECT; some filesystems want larger alignment).
+bool DirectReadsWork(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return false;
+  void* buffer = nullptr;
+  bool ok = ::posix_memalign(&buffer, 4096, 4096) == 0 && ::pread(fd, buffer, 4096, 0) == 4096;
+  std::free(buffer);
+  ::close(fd);
+  return ok;
+}
+
+// Pages of [offset, offset + length) in the page cache, through a fresh mapping of `path`.
+size_t CachedPages(const std::string& path, size_t size, size_t offset, size_t length) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> residency((length + page - 1) / page);
+  ::mincore(static_cast<uint8_t*>(mapped) + offset, length, residency.data());
+  ::munmap(mapped, size);
+  return static_cast<size_t>(std::count_if(residency.begin(), residency.end(),
+                                           [](unsigned char r) { return (r & 1) != 0; }));
+}
+
+// Chunks in the page cache are copied through it; the others are read past it with O_DIRECT,
+// up to the last whole 4096-byte block, and the file's unaligned tail through the cache. The
+// bytes are a hash of their offset, so a chunk read into the wrong place fails the comparison.
+TEST(MappedFileTest, CopyIntoMemoryReadsUncachedChunksPastThePageCache) {
+  ScratchDir dir;
+  constexpr size_t kChunk = MappedFile::kCopyChunkBytes;
+  constexpr size_t kTail = 3 * 4096 + 100;  // the last chunk: three whole blocks and 100 bytes
+  std::vector<uint8_t> want(2 * kChunk + kTail);
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = static_cast<uint8_t>((static_cast<uint32_t>(i) * 2654435761u) >> 13);
+  const std::string path = dir.File("f");
+  WriteBytes(path, want);
+  // Written back, then the second and third chunks dropped from the cache.
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fsync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, kChunk, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  if (CachedPages(path, want.size(), kChunk, want.size() - kChunk) != 0)
+    GTEST_SKIP() << "the kernel kept the dropped pages in the cache";
+  if (CachedPages(path, want.size(), 0, kChunk) != kChunk / 4096)
+    GTEST_SKIP() << "the first chunk left the cache";
+  if (!DirectReadsWork(path)) GTEST_SKIP() << "no O_DIRECT on this filesystem";
+
+  auto file = MappedFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  ASSERT_EQ((*file)->size(), want.size());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
+  EXPECT_EQ((*file)->copy_stats().direct_bytes, kChunk + 3 * 4096);
+  EXPECT_EQ((*file)->copy_stats().buffered_bytes, kChunk + 100);
+  // The direct reads did not bring the chunks they read into the cache.
+  EXPECT_EQ(CachedPages(path, want.size(), kChunk, kChunk), 0u);
 }
 
 TEST(MappedFileTest, CopyIntoMemoryOfAnEmptyFile) {
