@@ -14,7 +14,7 @@ Result<std::string> BlocksText(const Json& content, const std::string& path) {
   std::string out;
   for (const auto& block : content) {
     if (!block.is_object()) return InvalidArgument(path + ": blocks must be objects");
-    std::string type = block.value("type", "");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", path));
     if (type == "text") {
       if (!block.contains("text") || !block["text"].is_string())
         return InvalidArgument(path + ": text block needs a string 'text'");
@@ -123,7 +123,7 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
     const Json& msg = (*input)[i];
     const std::string path = "messages[" + std::to_string(i) + "]";
     if (!msg.is_object()) return InvalidArgument(path + ": must be an object");
-    std::string role = msg.value("role", "");
+    DSINFER_ASSIGN_OR_RETURN(std::string role, StringField(msg, "role", path));
     if (role != "user" && role != "assistant")
       return InvalidArgument(path + ".role: must be user or assistant");
     auto content = msg.find("content");
@@ -142,7 +142,7 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
       const Json& block = (*content)[b];
       const std::string bpath = path + ".content[" + std::to_string(b) + "]";
       if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
-      std::string type = block.value("type", "");
+      DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", bpath));
       if (type == "text") {
         if (!block.contains("text") || !block["text"].is_string())
           return InvalidArgument(bpath + ".text: must be a string");
@@ -157,8 +157,9 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
         if (!block.contains("name") || !block["name"].is_string())
           return InvalidArgument(bpath + ".name: must be a string");
         Json input_obj = block.value("input", Json::object());
+        DSINFER_ASSIGN_OR_RETURN(std::string id, StringField(block, "id", bpath));
         tool_calls.push_back(
-            {{"id", block.value("id", "")},
+            {{"id", id},
              {"type", "function"},
              {"function", {{"name", block["name"]}, {"arguments", Dump(input_obj)}}}});
       } else if (type == "tool_result" && role == "user") {
@@ -166,9 +167,8 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
         if (block.contains("content") && !block["content"].is_null()) {
           DSINFER_ASSIGN_OR_RETURN(result, BlocksText(block["content"], bpath + ".content"));
         }
-        messages.push_back({{"role", "tool"},
-                            {"tool_call_id", block.value("tool_use_id", "")},
-                            {"content", result}});
+        DSINFER_ASSIGN_OR_RETURN(std::string tool_use_id, StringField(block, "tool_use_id", bpath));
+        messages.push_back({{"role", "tool"}, {"tool_call_id", tool_use_id}, {"content", result}});
       } else if (type == "image") {
         return Unimplemented(bpath + ": image input is not supported by this model");
       } else if (type == "document") {
@@ -188,11 +188,14 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   if (tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) return InvalidArgument("tools: must be an array");
     Json converted = Json::array();
-    for (const auto& t : *tools) {
-      if (!t.is_object()) return InvalidArgument("tools: entries must be objects");
-      std::string type = t.value("type", "custom");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string tpath = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) return InvalidArgument(tpath + ": must be an object");
+      DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(t, "type", tpath, "custom"));
       if (type.rfind("web_search", 0) == 0) continue;  // server tools are not offered
-      Json fn = {{"name", t.value("name", "")}};
+      DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(t, "name", tpath));
+      Json fn = {{"name", name}};
       if (t.contains("description")) fn["description"] = t["description"];
       fn["parameters"] = t.value("input_schema", Json::object());
       converted.push_back({{"type", "function"}, {"function", fn}});
@@ -201,14 +204,14 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   }
   auto choice = body.find("tool_choice");
   if (choice != body.end() && choice->is_object()) {
-    std::string type = choice->value("type", "auto");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(*choice, "type", "tool_choice", "auto"));
+    DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(*choice, "name", "tool_choice"));
     if (type == "any")
       chat["tool_choice"] = "required";
     else if (type == "none")
       chat["tool_choice"] = "none";
     else if (type == "tool")
-      chat["tool_choice"] = {{"type", "function"},
-                             {"function", {{"name", choice->value("name", "")}}}};
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
     else
       chat["tool_choice"] = "auto";
   }

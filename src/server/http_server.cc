@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "net/deadline_stream.h"
 
@@ -168,9 +169,13 @@ class SocketResponseSink final : public ResponseSink {
   bool broken_ = false;
 };
 
-std::string PlainErrorJson(std::string_view message) {
-  return std::string("{\"error\":{\"message\":\"") + std::string(message) +
-         "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+// The OpenAI error shape. The message is escaped (an exception's text can quote request bytes)
+// and ill-formed UTF-8 in it replaced.
+std::string PlainErrorJson(std::string_view message,
+                           std::string_view type = "invalid_request_error") {
+  const nlohmann::ordered_json body = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+  return body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 void SendEarlyError(int fd, int status, std::string_view message,
@@ -380,12 +385,16 @@ void HttpServer::ServeConnection(int fd) {
       stopping = stopped_;
     }
     SocketResponseSink sink(fd, msg.keep_alive() && !stopping, options_.write_timeout);
+    std::string failure = "no response";
     try {
       handler_(request, sink);
-    } catch (const std::exception&) {
-      // Handlers report errors as responses; this only guards the connection thread.
+    } catch (const std::exception& e) {
+      // Handlers report errors as responses; this only guards the connection thread (and says
+      // what escaped, so that a report of the 500 can be traced; fuzz_service looks for these).
+      failure = std::string("internal error: ") + e.what();
     }
-    if (!sink.responded()) sink.Send(500, "application/json", PlainErrorJson("no response"), {});
+    if (!sink.responded())
+      sink.Send(500, "application/json", PlainErrorJson(failure, "server_error"), {});
     if (!sink.reusable()) return;
   }
 }

@@ -14,7 +14,7 @@ Result<std::string> PartsText(const Json& content, const std::string& path) {
   std::string out;
   for (const auto& part : content) {
     if (!part.is_object()) return InvalidArgument(path + ": parts must be objects");
-    std::string type = part.value("type", "");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(part, "type", path));
     if (type != "input_text" && type != "output_text" && type != "text" &&
         type != "reasoning_text" && type != "summary_text")
       return Unimplemented(path + ": unsupported content part type '" + type + "'");
@@ -56,9 +56,11 @@ Result<Json> ResponsesToChatJson(const Json& body) {
       const Json& item = (*input)[i];
       const std::string path = "input[" + std::to_string(i) + "]";
       if (!item.is_object()) return InvalidArgument(path + ": must be an object");
-      std::string type = item.value("type", item.contains("role") ? "message" : "");
+      DSINFER_ASSIGN_OR_RETURN(
+          std::string type,
+          StringField(item, "type", path, item.contains("role") ? "message" : ""));
       if (type == "message") {
-        std::string role = item.value("role", "");
+        DSINFER_ASSIGN_OR_RETURN(std::string role, StringField(item, "role", path));
         DSINFER_ASSIGN_OR_RETURN(std::string text,
                                  PartsText(item.value("content", Json()), path + ".content"));
         if (role == "developer") role = "system";
@@ -85,8 +87,9 @@ Result<Json> ResponsesToChatJson(const Json& body) {
         std::string args = item.contains("arguments") && item["arguments"].is_string()
                                ? item["arguments"].get<std::string>()
                                : "{}";
+        DSINFER_ASSIGN_OR_RETURN(std::string call_id, StringField(item, "call_id", path));
         if (!m.contains("tool_calls")) m["tool_calls"] = Json::array();
-        m["tool_calls"].push_back({{"id", item.value("call_id", "")},
+        m["tool_calls"].push_back({{"id", call_id},
                                    {"type", "function"},
                                    {"function", {{"name", item["name"]}, {"arguments", args}}}});
       } else if (type == "function_call_output") {
@@ -98,10 +101,10 @@ Result<Json> ResponsesToChatJson(const Json& body) {
             DSINFER_ASSIGN_OR_RETURN(output, PartsText(item["output"], path + ".output"));
           }
         }
+        DSINFER_ASSIGN_OR_RETURN(std::string call_id, StringField(item, "call_id", path));
         if (!messages.empty() && messages.back()["role"] == "assistant")
           messages.back()["closed"] = true;
-        messages.push_back(
-            {{"role", "tool"}, {"tool_call_id", item.value("call_id", "")}, {"content", output}});
+        messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", output}});
       } else {
         return InvalidArgument(path + ".type: unsupported input item type '" + type + "'");
       }
@@ -115,10 +118,14 @@ Result<Json> ResponsesToChatJson(const Json& body) {
   if (tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) return InvalidArgument("tools: must be an array");
     Json converted = Json::array();
-    for (const auto& t : *tools) {
-      if (!t.is_object() || t.value("type", "") != "function")
-        return Unimplemented("tools: only function tools are supported");
-      Json fn = {{"name", t.value("name", "")}};
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string tpath = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) return InvalidArgument(tpath + ": must be an object");
+      DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(t, "type", tpath));
+      if (type != "function") return Unimplemented("tools: only function tools are supported");
+      DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(t, "name", tpath));
+      Json fn = {{"name", name}};
       if (t.contains("description")) fn["description"] = t["description"];
       if (t.contains("parameters")) fn["parameters"] = t["parameters"];
       converted.push_back({{"type", "function"}, {"function", fn}});
@@ -141,7 +148,7 @@ Result<Json> ResponsesToChatJson(const Json& body) {
   if (text != body.end() && text->is_object() && text->contains("format") &&
       (*text)["format"].is_object()) {
     const Json& format = (*text)["format"];
-    std::string type = format.value("type", "text");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(format, "type", "text.format", "text"));
     if (type == "json_schema")
       chat["response_format"] = {
           {"type", "json_schema"},
@@ -150,6 +157,14 @@ Result<Json> ResponsesToChatJson(const Json& body) {
       chat["response_format"] = {{"type", type}};
   }
   return chat;
+}
+
+// The request's field as given (HandleResponses checked its type), or `fallback` when it is
+// absent or null, or when `object` is not an object: for echoing fields into the response.
+Json Echo(const Json& object, const char* key, Json fallback) {
+  if (!object.is_object()) return fallback;
+  auto it = object.find(key);
+  return it == object.end() || it->is_null() ? fallback : *it;
 }
 
 Json ResponseUsage(const runtime::Usage& u, int64_t reasoning_tokens) {
@@ -164,33 +179,31 @@ Json ResponseUsage(const runtime::Usage& u, int64_t reasoning_tokens) {
 class ResponseBuilder final : public GenerationObserver {
  public:
   ResponseBuilder(Service::Core& core, ResponseSink* sink, std::string id, const Json& request)
-      : core_(core), sink_(sink), id_(std::move(id)) {
-    response_ = {
-        {"id", id_},
-        {"object", "response"},
-        {"created_at", UnixNow()},
-        {"status", "in_progress"},
-        {"error", nullptr},
-        {"incomplete_details", nullptr},
-        {"instructions", request.value("instructions", Json())},
-        {"max_output_tokens", request.value("max_output_tokens", Json())},
-        {"model", core.options.served_model_name},
-        {"output", Json::array()},
-        {"parallel_tool_calls", request.value("parallel_tool_calls", true)},
-        {"previous_response_id", nullptr},
-        {"reasoning",
-         {{"effort",
-           request.contains("reasoning") ? request["reasoning"].value("effort", Json()) : Json()},
-          {"summary", nullptr}}},
-        {"store", request.value("store", true)},
-        {"temperature", request.value("temperature", Json(1.0))},
-        {"text", {{"format", {{"type", "text"}}}}},
-        {"tool_choice", request.value("tool_choice", Json("auto"))},
-        {"tools", request.value("tools", Json::array())},
-        {"top_p", request.value("top_p", Json(1.0))},
-        {"truncation", "disabled"},
-        {"usage", nullptr},
-        {"metadata", request.value("metadata", Json::object())}};
+      : sink_(sink), id_(std::move(id)) {
+    response_ = {{"id", id_},
+                 {"object", "response"},
+                 {"created_at", UnixNow()},
+                 {"status", "in_progress"},
+                 {"error", nullptr},
+                 {"incomplete_details", nullptr},
+                 {"instructions", request.value("instructions", Json())},
+                 {"max_output_tokens", request.value("max_output_tokens", Json())},
+                 {"model", core.options.served_model_name},
+                 {"output", Json::array()},
+                 {"parallel_tool_calls", Echo(request, "parallel_tool_calls", true)},
+                 {"previous_response_id", nullptr},
+                 {"reasoning",
+                  {{"effort", Echo(Echo(request, "reasoning", Json()), "effort", Json())},
+                   {"summary", nullptr}}},
+                 {"store", Echo(request, "store", true)},
+                 {"temperature", request.value("temperature", Json(1.0))},
+                 {"text", {{"format", {{"type", "text"}}}}},
+                 {"tool_choice", request.value("tool_choice", Json("auto"))},
+                 {"tools", request.value("tools", Json::array())},
+                 {"top_p", request.value("top_p", Json(1.0))},
+                 {"truncation", "disabled"},
+                 {"usage", nullptr},
+                 {"metadata", request.value("metadata", Json::object())}};
   }
   const Json& response() const { return response_; }
   Json& mutable_response() { return response_; }
@@ -362,7 +375,6 @@ class ResponseBuilder final : public GenerationObserver {
   }
 
  private:
-  Service::Core& core_;
   ResponseSink* sink_;
   std::string id_;
   Json response_;
@@ -388,6 +400,10 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
                      flavor);
   auto stream = OptBool(*body, "stream");
   if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);
+  for (const char* flag : {"store", "parallel_tool_calls"}) {
+    auto value = OptBool(*body, flag);
+    if (!value.ok()) return SendError(sink, FromStatus(value.status()), flavor);
+  }
   auto max_tokens = OptInt(*body, "max_output_tokens");
   if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
   Status sampling = ParseSampling(*body, &spec.params);

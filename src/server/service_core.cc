@@ -226,6 +226,16 @@ Result<std::optional<std::string>> OptString(const Json& body, const char* key) 
   return std::optional<std::string>(it->get<std::string>());
 }
 
+Result<std::string> StringField(const Json& object, const char* key, const std::string& path,
+                                std::string fallback) {
+  if (!object.is_object()) return fallback;
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  if (!it->is_string())
+    return InvalidArgument((path.empty() ? "" : path + ".") + key + ": must be a string");
+  return it->get<std::string>();
+}
+
 Result<std::vector<std::string>> StopSequences(const Json& body, const char* key) {
   std::vector<std::string> stops;
   auto it = body.find(key);

@@ -61,6 +61,11 @@ Result<std::optional<double>> OptNumber(const Json& body, const char* key);
 Result<std::optional<int64_t>> OptInt(const Json& body, const char* key);
 Result<std::optional<bool>> OptBool(const Json& body, const char* key);
 Result<std::optional<std::string>> OptString(const Json& body, const char* key);
+// A string field of a request object inside `path` (for the message): `fallback` when the field
+// is absent or null, or when `object` is not an object; InvalidArgument "path.key: must be a
+// string" when it is another type. Json::value(key, "") would throw instead.
+Result<std::string> StringField(const Json& object, const char* key, const std::string& path,
+                                std::string fallback = {});
 // "stop": a string or an array of at most 16 strings.
 Result<std::vector<std::string>> StopSequences(const Json& body, const char* key);
 
