@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: builds (warnings are errors) and runs every test, then runs the
-# library and server suites again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# library and server suites and the fuzz corpora again under AddressSanitizer +
+# UndefinedBehaviorSanitizer.
 set -euo pipefail
 root="$(cd "$(dirname "$0")" && pwd)"
 "$root/scripts/build.sh" "$root/build"
@@ -8,5 +9,5 @@ ctest --test-dir "$root/build" --output-on-failure -j "$(nproc)"
 if [[ "${DSINFER_SKIP_SANITIZERS:-0}" != 1 ]]; then
   "$root/scripts/build.sh" "$root/build-asan" -DDSINFER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'core|io|net|text|model|backend|runtime|server|measure'
+    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -L 'core|io|net|text|model|backend|runtime|server|measure|fuzz'
 fi
