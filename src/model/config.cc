@@ -81,6 +81,10 @@ Status ModelConfig::Validate() const {
   if (n_layers > 4096 || hidden > (1 << 16) || vocab_size > (1 << 24) || n_heads > 4096 ||
       head_dim > 8192 || n_routed_experts > 65536 || hc_mult > 64 || window > (1 << 20))
     return InvalidArgument("config: dimensions are implausibly large");
+  // V4 uses 20. The mHC mixes run this many Sinkhorn rounds per token and layer, so a hostile
+  // count would hang the first request (noticed while writing fuzz_model_config).
+  if (hc_sinkhorn_iters > 1000)
+    return InvalidArgument("config: hc_sinkhorn_iters is implausibly large (V4 uses 20)");
   if (rope_dim > head_dim || rope_dim % 2 != 0)
     return InvalidArgument("config: qk_rope_head_dim must be even and <= head_dim");
   if (n_heads % o_groups != 0)

@@ -163,6 +163,7 @@ TEST(ModelConfig, RejectsBadConfigs) {
                  j["quantization_config"]["weight_block_size"] = {64, 64};
                }).ok());
   EXPECT_FALSE(bad([](nlohmann::json& j) { j["num_hidden_layers"] = 1000000; }).ok());
+  EXPECT_FALSE(bad([](nlohmann::json& j) { j["hc_sinkhorn_iters"] = 2000000000; }).ok());
   EXPECT_FALSE(ModelConfig::FromJson(nlohmann::json::array()).ok());
 }
 
