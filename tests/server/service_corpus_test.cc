@@ -101,5 +101,36 @@ TEST(ServiceCorpus, ResponsesEchoReasoningOfAnyShape) {
   }
 }
 
+// An engine that refuses a request, or fails after two tokens, gets a well-formed answer on every
+// protocol, streamed or not: a 429 for the refusal; for the failure a 500 with an error body, or,
+// once a stream has begun, an error the stream itself carries.
+TEST(ServiceCorpus, EngineFailuresGetWellFormedErrors) {
+  struct Endpoint {
+    const char* path;
+    const char* body;  // without the closing brace, so that "stream" can be appended
+  };
+  const Endpoint endpoints[] = {
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}])"},
+      {"/v1/completions", R"({"prompt":"hi")"},
+      {"/v1/responses", R"({"input":"hi")"},
+      {"/v1/messages", R"({"max_tokens":16,"messages":[{"role":"user","content":"hi"}])"},
+  };
+  for (const auto& e : endpoints) {
+    for (bool stream : {false, true}) {
+      const std::string body = std::string(e.body) + (stream ? R"(,"stream":true})" : "}");
+      const std::string what = std::string(e.path) + " " + body;
+      const Reply refused = Service().Post(e.path, body, "ok", EngineFailure::kRefuse);
+      EXPECT_EQ(refused.violation, "") << what;
+      EXPECT_EQ(refused.status, 429) << what << " -> " << refused.body;
+      const Reply failed =
+          Service().Post(e.path, body, "one two three four", EngineFailure::kMidStream);
+      EXPECT_EQ(failed.violation, "") << what;
+      EXPECT_EQ(failed.status, stream ? 200 : 500) << what << " -> " << failed.body;
+      EXPECT_NE(failed.body.find("injected engine failure"), std::string::npos)
+          << what << " -> " << failed.body;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsinfer::server::testing

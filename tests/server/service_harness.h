@@ -22,13 +22,19 @@
 
 namespace dsinfer::server::testing {
 
+// How the engine fails, if it does: it refuses the request (its queue is full), or every choice
+// ends with an engine error after its first two tokens.
+enum class EngineFailure { kNone, kRefuse, kMidStream };
+
 // Pushes every event of every choice before Submit returns, so Service::Handle never waits.
 class TextEngine final : public EnginePort {
  public:
   explicit TextEngine(const text::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string text;  // what every choice generates
+  EngineFailure failure = EngineFailure::kNone;
 
   Result<std::shared_ptr<runtime::RequestStream>> Submit(runtime::RequestParams params) override {
+    if (failure == EngineFailure::kRefuse) return ResourceExhausted("request queue is full");
     auto stream = std::make_shared<runtime::RequestStream>("harness");
     auto encoded = tokenizer_.Encode(text, /*allow_special=*/true);
     const std::vector<int32_t> tokens = encoded.ok() ? *encoded : std::vector<int32_t>{};
@@ -39,7 +45,11 @@ class TextEngine final : public EnginePort {
         runtime::StreamEvent event;
         event.index = n;
         const bool at_limit = static_cast<int64_t>(i) >= params.max_tokens;
-        if (i < tokens.size() && !at_limit) {
+        if (failure == EngineFailure::kMidStream && i == std::min<size_t>(2, tokens.size())) {
+          event.finished = true;
+          event.finish_reason = runtime::FinishReason::kError;
+          event.error = Internal("injected engine failure");
+        } else if (i < tokens.size() && !at_limit) {
           event.tokens = {tokens[i]};
           if (params.top_logprobs >= 0) {
             runtime::TokenLogprob lp{tokens[i], -0.25f, {}};
@@ -73,10 +83,11 @@ struct Reply {
   std::string violation;  // the first broken rule (see the file comment); empty when none
 };
 
-// Records a reply and checks it as it is written.
+// Records a reply and checks it as it is written. `failure`: what the engine was told to do,
+// which makes its error statuses expected (429 / 503 for a refusal, 500 for a failed generation).
 class CheckingSink final : public ResponseSink {
  public:
-  explicit CheckingSink(Reply& reply) : reply_(reply) {}
+  CheckingSink(Reply& reply, EngineFailure failure) : reply_(reply), failure_(failure) {}
   void Send(int status, std::string_view content_type, std::string_view body,
             const HeaderList&) override {
     RecordStatus(status);
@@ -123,14 +134,22 @@ class CheckingSink final : public ResponseSink {
       case 422:
       case 429:
         return;
+      case 503:
+        if (failure_ == EngineFailure::kRefuse) return;
+        break;
+      case 500:
+        if (failure_ == EngineFailure::kMidStream) return;
+        break;
       default:
-        Violate("status " + std::to_string(status));
+        break;
     }
+    Violate("status " + std::to_string(status));
   }
   void Violate(std::string what) {
     if (reply_.violation.empty()) reply_.violation = std::move(what);
   }
   Reply& reply_;
+  EngineFailure failure_;
   std::string pending_;
 };
 
@@ -151,28 +170,35 @@ class InProcessService {
     return std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
   }
 
-  Reply Post(const std::string& path, std::string body, std::string generated = {}) {
+  Reply Post(const std::string& path, std::string body, std::string generated = {},
+             EngineFailure failure = EngineFailure::kNone) {
     HttpRequest request;
     request.method = "POST";
     request.path = path;
     request.headers = {{"content-type", "application/json"}};
     request.body = std::move(body);
     engine_.text = std::move(generated);
+    engine_.failure = failure;
     Reply reply;
-    CheckingSink sink(reply);
+    CheckingSink sink(reply, failure);
     service_.Handle(request, sink);
     if (reply.status == 0 && reply.violation.empty()) reply.violation = "no reply";
     return reply;
   }
 
-  // A fuzz input: byte 0's low three bits pick the endpoint (kPaths), then the body up to the
+  // A fuzz input: byte 0's low three bits pick the endpoint (kPaths) and its next two how the
+  // engine fails (1: refuses, 2: fails mid-stream, 0 and 3: does not), then the body up to the
   // first NUL byte (JSON has no raw NUL), then the text the engine generates.
   Reply PostFuzzInput(std::string_view input) {
     if (input.empty()) return Reply{200, "", ""};
     const std::string_view rest = input.substr(1);
     const size_t nul = rest.find('\0');
-    return Post(kPaths[static_cast<uint8_t>(input[0]) & 7], std::string(rest.substr(0, nul)),
-                nul == std::string_view::npos ? "" : std::string(rest.substr(nul + 1)));
+    const auto mode = static_cast<uint8_t>(input[0]);
+    const EngineFailure failure = ((mode >> 3) & 3) == 1   ? EngineFailure::kRefuse
+                                  : ((mode >> 3) & 3) == 2 ? EngineFailure::kMidStream
+                                                           : EngineFailure::kNone;
+    return Post(kPaths[mode & 7], std::string(rest.substr(0, nul)),
+                nul == std::string_view::npos ? "" : std::string(rest.substr(nul + 1)), failure);
   }
 
  private:
