@@ -7,6 +7,7 @@
 // JSON or [DONE], everything written is valid UTF-8, and a stream ends on a whole line.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
