@@ -2,9 +2,10 @@
 // and the tests that replay its corpus (service_corpus_test.cc): the real V4 tokenizer, and an
 // engine that "generates" a given text for every choice, so the request parsers, the output
 // parsers (reasoning, DSML tool calls, stop strings) and the stream writers all run.
-// Every reply is checked as it is written: the status is one the API documents (a 500 means a
-// request reached an unexpected error path), every JSON body parses, every SSE `data:` line is
-// JSON or [DONE], everything written is valid UTF-8, and a stream ends on a whole line.
+// The engine can also be told to fail (EngineFailure). Every reply is checked as it is written:
+// the status is one the API documents (a 500 means a request reached an unexpected error path,
+// unless the engine was told to fail), every JSON body parses, every SSE `data:` line is JSON or
+// [DONE], everything written is valid UTF-8, and a stream ends on a whole line.
 #pragma once
 
 #include <algorithm>
