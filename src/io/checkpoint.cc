@@ -148,8 +148,9 @@ Status Checkpoint::CopyIntoMemory() {
 MappedFile::CopyStats Checkpoint::copy_stats() const {
   MappedFile::CopyStats sum;
   for (const auto& shard : shards_) {
-    sum.direct_bytes += shard->mapped_file().copy_stats().direct_bytes;
-    sum.buffered_bytes += shard->mapped_file().copy_stats().buffered_bytes;
+    const MappedFile::CopyStats& stats = shard->mapped_file().copy_stats();
+    sum.direct_bytes += stats.direct_bytes;
+    sum.buffered_bytes += stats.buffered_bytes;
   }
   return sum;
 }

@@ -228,12 +228,11 @@ Result<std::optional<std::string>> OptString(const Json& body, const char* key) 
 
 Result<std::string> StringField(const Json& object, const char* key, const std::string& path,
                                 std::string fallback) {
-  if (!object.is_object()) return fallback;
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_string())
-    return InvalidArgument((path.empty() ? "" : path + ".") + key + ": must be a string");
-  return it->get<std::string>();
+  // OptString's rule (find on a non-object is end(): the fallback), its error placed in `path`.
+  auto value = OptString(object, key);
+  if (!value.ok())
+    return InvalidArgument((path.empty() ? "" : path + ".") + value.status().message());
+  return value->value_or(std::move(fallback));
 }
 
 Result<std::vector<std::string>> StopSequences(const Json& body, const char* key) {
