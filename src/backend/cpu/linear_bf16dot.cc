@@ -429,6 +429,27 @@ struct GroupSums {
   alignas(64) float lanes[kRowTile][kGroupTokens][16];
 };
 
+// The next tile's weights, prefetched into L2 a few lines per block step while this tile's dot
+// products run, so that the fetch and the arithmetic overlap. Issued in bursts (a slice per token
+// group), the prefetches filled the miss buffers and stalled the core for the length of each
+// burst, and the DRAM then sat idle through the arithmetic that followed: spread out, the bf16
+// head at 16 tokens streams 16-17 GB/s instead of 14 (two threads, docs/PERF.md). Into L2
+// (T1), not L1: T0 measured ~10 % slower.
+struct PrefetchSpread {
+  const char* next = nullptr;  // the next line to prefetch
+  const char* end = nullptr;   // one past the last
+  int per_step = 0;            // lines per block step, in 1/256ths
+  int credit = 0;              // 1/256ths of a line not yet issued
+
+  void Step() {
+    credit += per_step;
+    for (; credit >= 256 && next < end; credit -= 256, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
+  void Finish() {
+    for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
+};
+
 // Rows [r0, r0 + rows) of an FP8 or FP4 matrix into tile: DotRows' conversions and scales.
 template <WeightFormat F>
 DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int rows,
@@ -462,7 +483,8 @@ DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int r
 // sums times their block or lane scales) or bf16 (one running sum).
 template <bool kScaled, int R, int T>
 DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t b0, int64_t b1,
-                                        const uint16_t* xg, GroupSums& sums) {
+                                        const uint16_t* xg, GroupSums& sums,
+                                        PrefetchSpread& prefetch) {
   // FP8 / FP4: 2 x 6 running sums, 2 x 6 block sums, 2 weight vectors and one activation vector;
   // bf16: 4 x 6 running sums, 4 weight vectors, one activation vector. 27 / 29 of the 32
   // registers (the pragmas unroll in full so that GCC keeps them there).
@@ -472,6 +494,7 @@ DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t 
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[i][t] = _mm512_load_ps(sums.lanes[i0 + i][t]);
   for (int64_t b = b0; b < b1; ++b) {
+    prefetch.Step();
     __m512 part[R][T];
     if constexpr (kScaled) {
 #pragma GCC unroll 8
@@ -517,13 +540,13 @@ DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t 
 // come from L2 once per group.
 template <bool kScaled, int T>
 DSINFER_BF16DOT_TARGET void GroupTile(const GroupWeights& gw, int rows, const uint16_t* xg,
-                                      GroupSums& sums) {
+                                      GroupSums& sums, PrefetchSpread& prefetch) {
   constexpr int R = kScaled ? 2 : 4;
   for (int64_t b0 = 0; b0 < gw.blocks; b0 += kGroupChunkBlocks) {
     const int64_t b1 = std::min(gw.blocks, b0 + kGroupChunkBlocks);
     int i = 0;
-    for (; i + R <= rows; i += R) GroupBlocks<kScaled, R, T>(gw, i, b0, b1, xg, sums);
-    for (; i < rows; ++i) GroupBlocks<kScaled, 1, T>(gw, i, b0, b1, xg, sums);
+    for (; i + R <= rows; i += R) GroupBlocks<kScaled, R, T>(gw, i, b0, b1, xg, sums, prefetch);
+    for (; i < rows; ++i) GroupBlocks<kScaled, 1, T>(gw, i, b0, b1, xg, sums, prefetch);
   }
 }
 
@@ -531,26 +554,27 @@ DSINFER_BF16DOT_TARGET void GroupTile(const GroupWeights& gw, int rows, const ui
 // measured 3-5 % slower (bf16, 64 tokens, in cache), presumably as GroupTile is then not inlined.
 template <bool kScaled>
 DSINFER_BF16DOT_TARGET void GroupTileTokens(const GroupWeights& gw, int rows, int n,
-                                            const uint16_t* xg, GroupSums& sums) {
+                                            const uint16_t* xg, GroupSums& sums,
+                                            PrefetchSpread& prefetch) {
   static_assert(kGroupTokens == 6, "the cases below");
   switch (n) {
     case 1:
-      GroupTile<kScaled, 1>(gw, rows, xg, sums);
+      GroupTile<kScaled, 1>(gw, rows, xg, sums, prefetch);
       break;
     case 2:
-      GroupTile<kScaled, 2>(gw, rows, xg, sums);
+      GroupTile<kScaled, 2>(gw, rows, xg, sums, prefetch);
       break;
     case 3:
-      GroupTile<kScaled, 3>(gw, rows, xg, sums);
+      GroupTile<kScaled, 3>(gw, rows, xg, sums, prefetch);
       break;
     case 4:
-      GroupTile<kScaled, 4>(gw, rows, xg, sums);
+      GroupTile<kScaled, 4>(gw, rows, xg, sums, prefetch);
       break;
     case 5:
-      GroupTile<kScaled, 5>(gw, rows, xg, sums);
+      GroupTile<kScaled, 5>(gw, rows, xg, sums, prefetch);
       break;
     default:
-      GroupTile<kScaled, 6>(gw, rows, xg, sums);
+      GroupTile<kScaled, 6>(gw, rows, xg, sums, prefetch);
       break;
   }
 }
@@ -558,8 +582,9 @@ DSINFER_BF16DOT_TARGET void GroupTileTokens(const GroupWeights& gw, int rows, in
 // Rows [r0, r1) of one tile (at most kRowTile) of an FP8, FP4 or bf16 matrix against all n_tok
 // tokens, packed in groups (xb: group g at xb + g x_group, see GroupBlocks):
 // y[tokens[t] * ldy + (r - r0)]. next_r0 .. next_r1: the rows this thread reads next (none when
-// equal), whose codes are prefetched into L2 a slice per group so that the next tile does not
-// start by waiting on DRAM. tile: scratch for the FP8 / FP4 conversion.
+// equal), whose codes are prefetched into L2 while this tile's dot products run (PrefetchSpread)
+// so that the next tile does not start by waiting on DRAM. tile: scratch for the FP8 / FP4
+// conversion.
 DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int64_t r1,
                                           int64_t next_r0, int64_t next_r1, const uint16_t* xb,
                                           int64_t x_group, int64_t n_tok, const int64_t* tokens,
@@ -577,25 +602,32 @@ DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int
   }
   const int64_t groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
   const int64_t next_lines = (next_r1 - next_r0) * row_bytes / 64;
-  const int64_t lines_per_group = (next_lines + groups - 1) / groups;
-  const char* next = reinterpret_cast<const char*>(w.data + next_r0 * row_bytes);
+  const int row_block = scaled ? 2 : 4;  // GroupTile's R
+  const int64_t steps =
+      groups * (rows / row_block + rows % row_block) * gw.blocks;  // GroupBlocks' block steps
+  PrefetchSpread prefetch;
+  prefetch.next = reinterpret_cast<const char*>(w.data + next_r0 * row_bytes);
+  prefetch.end = prefetch.next + 64 * next_lines;
+  // An even share: spreading over 4/5 of the tile (a quarter more a step) or prefetching two
+  // tiles ahead measured the same within the noise (bf16, 16 tokens, from DRAM).
+  prefetch.per_step =
+      static_cast<int>((next_lines * 256 + steps - 1) / std::max<int64_t>(steps, 1));
   GroupSums sums;
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t l = g * lines_per_group; l < std::min(next_lines, (g + 1) * lines_per_group); ++l)
-      _mm_prefetch(next + 64 * l, _MM_HINT_T1);
     for (int i = 0; i < rows; ++i)
       for (int t = 0; t < kGroupTokens; ++t) _mm512_store_ps(sums.lanes[i][t], _mm512_setzero_ps());
     const uint16_t* xg = xb + g * x_group;
     const int n = static_cast<int>(std::min<int64_t>(kGroupTokens, n_tok - g * kGroupTokens));
     if (scaled)
-      GroupTileTokens<true>(gw, rows, n, xg, sums);
+      GroupTileTokens<true>(gw, rows, n, xg, sums, prefetch);
     else
-      GroupTileTokens<false>(gw, rows, n, xg, sums);
+      GroupTileTokens<false>(gw, rows, n, xg, sums, prefetch);
     for (int t = 0; t < n; ++t)
       for (int i = 0; i < rows; ++i)
         y[tokens[g * kGroupTokens + t] * ldy + i] =
             _mm512_reduce_add_ps(_mm512_load_ps(sums.lanes[i][t]));
   }
+  prefetch.Finish();
 }
 
 // One token's 128 columns x (bf16-exact fp32) as bf16 in the block order of `permute` (natural
