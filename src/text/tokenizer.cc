@@ -186,10 +186,11 @@ struct Tokenizer::Impl {
       if (!root["added_tokens"].is_array()) return InvalidArgument("added_tokens is not an array");
       for (const Json& t : root["added_tokens"]) {
         if (!t.is_object() || !t.contains("content") || !t["content"].is_string() ||
-            !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
-            t["id"].get<int64_t>() > INT32_MAX) {
-          return InvalidArgument("added token without string content and valid id: " +
-                                 t.dump().substr(0, 200));
+            !t.contains("id") || !IsValidTokenId(t["id"])) {
+          return InvalidArgument(
+              "added token without string content and a valid id (an integer "
+              "in [0, " +
+              std::to_string(kMaxTokenId) + "]): " + t.dump().substr(0, 200));
         }
         for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
           if (t.value(flag, false)) return Unimplemented(std::string("added token ") + flag);
@@ -266,9 +267,9 @@ class TableExtractor {
     }
     if (depth != 3 || path_[1] != "model") return true;
     if (path_[2] == "vocab" && event == Event::value) {
-      if (!parsed.is_number_integer() || parsed.get<int64_t>() < 0 ||
-          parsed.get<int64_t>() > INT32_MAX) {
-        error_ = "vocab entry " + path_[3] + " has no valid id";
+      if (!IsValidTokenId(parsed)) {
+        error_ = "vocab entry " + path_[3] + " has no valid id (an integer in [0, " +
+                 std::to_string(kMaxTokenId) + "])";
       } else {
         tables_.vocab.emplace_back(std::move(path_[3]), parsed.get<int32_t>());
       }

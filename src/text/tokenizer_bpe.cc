@@ -72,6 +72,11 @@ bool BpeModel::ParseMerge(const nlohmann::json& entry, std::pair<std::string, st
   return false;
 }
 
+bool IsValidTokenId(const nlohmann::json& id) {
+  // get<int64_t> of an unsigned above INT64_MAX wraps negative, which the first test refuses.
+  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= kMaxTokenId;
+}
+
 Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
   if (!model.is_object()) return InvalidArgument("tokenizer.json has no \"model\" object");
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
@@ -82,8 +87,9 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
   }
   Tables tables;
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      return InvalidArgument("vocab entry " + token + " has no valid id");
+    if (!IsValidTokenId(id)) {
+      return InvalidArgument("vocab entry " + token + " has no valid id (an integer in [0, " +
+                             std::to_string(kMaxTokenId) + "])");
     }
     tables.vocab.emplace_back(token, id.get<int32_t>());
   }

@@ -20,6 +20,14 @@ char32_t ByteToByteLevelChar(uint8_t byte);
 // Inverse of ByteToByteLevelChar; -1 for characters outside the table.
 int ByteLevelCharToByte(char32_t ch);
 
+// The largest token id a tokenizer.json may use. Ids index dense tables (a string per id up to the
+// largest), so a file naming id 2^31 - 1 asked for a 64 GiB table and overflowed the size
+// computation (fuzz_tokenizer found the first); the largest vocabularies in use hold ~262K
+// tokens, 16x under this.
+inline constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+// `id` is a JSON integer in [0, kMaxTokenId].
+bool IsValidTokenId(const nlohmann::json& id);
+
 class BpeModel {
  public:
   // Vocab and merges as read from tokenizer.json, in file order.

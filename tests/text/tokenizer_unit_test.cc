@@ -228,6 +228,28 @@ TEST(Tokenizer, UnsupportedConfigurationsAreRejected) {
             StatusCode::kInvalidArgument);
 }
 
+// Ids index dense tables: one past kMaxTokenId (or INT32_MAX, whose size + 1 overflowed) is
+// refused before anything is allocated, in the vocab and in added_tokens; kMaxTokenId itself
+// loads. fuzz_tokenizer found a file whose id 133,333,333 asked for a 4 GiB table.
+TEST(Tokenizer, TokenIdsPastTheLimitAreRefused) {
+  auto with = [](const char* pointer, int64_t id) {
+    nlohmann::json j = TinyTokenizer(false);
+    j[nlohmann::json::json_pointer(pointer)] = id;
+    return Tokenizer::FromJson(j.dump());
+  };
+  for (const char* pointer : {"/model/vocab/cd", "/added_tokens/0/id"}) {
+    for (int64_t id : {kMaxTokenId + 1, int64_t{INT32_MAX}, int64_t{133333333}}) {
+      auto tok = with(pointer, id);
+      EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument) << pointer << " " << id;
+      EXPECT_NE(tok.status().message().find(std::to_string(kMaxTokenId)), std::string::npos)
+          << tok.status().message();
+    }
+    auto edge = with(pointer, kMaxTokenId);
+    ASSERT_TRUE(edge.ok()) << pointer << ": " << edge.status().ToString();
+    EXPECT_EQ(edge->vocab_size(), kMaxTokenId + 1);
+  }
+}
+
 // Randomized inputs: arbitrary bytes must give a clean accept/reject decision matching UTF-8
 // validity; accepted text must round-trip in both modes; random ids must decode and stream.
 TEST(TokenizerFuzz, RandomBytesAndIds) {
