@@ -42,8 +42,11 @@ constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token grou
 //   bf16  8: -12 %, 12: +5-15 %, 16: +7 %, 24: +12 %, 32: +15 %;
 //   FP8  16: -14 %, 20: -3 %, 24: +0-3 %, 32: +1-3 %, 36 and 40 (8192 rows): +13-14 %;
 //   FP4  16: -10 %, 24: -1 %, 32: 0 %, 48: +7 %, 64: +8.5 %.
+// With the next tile's prefetches spread through the tile (PrefetchSpread), FP8 gained at 20 and
+// 24 tokens (linear_bench --mib 512, 4096 x 4096 and 32768 x 1024, two rounds): 16: -9 to -11 %,
+// 20: +0-4 %, 24: +5-8 %; FP4 16: -3 to -5 %, 32: +0-3 %.
 constexpr int64_t kManyTokensMinBf16 = 12;
-constexpr int64_t kManyTokensMinFp8 = 32;
+constexpr int64_t kManyTokensMinFp8 = 20;
 constexpr int64_t kManyTokensMinFp4 = 40;
 
 // Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
