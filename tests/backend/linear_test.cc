@@ -307,6 +307,21 @@ TEST(Linear, Bf16ExactnessIsDecidedPerValue) {
   EXPECT_TRUE(amx::RowIsBf16Exact(x.data(), static_cast<int64_t>(x.size())));
   const float not_exact[] = {1.0f + 0x1p-10f, std::nanf(""), INFINITY, 0x1p-130f};
   for (float v : not_exact) EXPECT_FALSE(amx::RowIsBf16Exact(&v, 1)) << v;
+  // Rows longer than the function's chunks of 64: one inexact value anywhere, first or last of a
+  // chunk or in the tail, decides.
+  for (int64_t k : {64, 4096, 4100}) {
+    std::vector<float> row(k);
+    for (int64_t i = 0; i < k; ++i) row[i] = x[i % x.size()];
+    EXPECT_TRUE(amx::RowIsBf16Exact(row.data(), k)) << k;
+    for (int64_t at : {int64_t{0}, int64_t{63}, int64_t{64}, k - 1})
+      for (float v : not_exact) {
+        if (at >= k) continue;
+        const float kept = row[at];
+        row[at] = v;
+        EXPECT_FALSE(amx::RowIsBf16Exact(row.data(), k)) << k << " " << at << " " << v;
+        row[at] = kept;
+      }
+  }
 }
 
 TEST(Linear, AmxTilesMatchFp64Reference) {
