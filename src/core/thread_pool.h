@@ -3,6 +3,7 @@
 // inside a task. Thread-compatible: one owner thread submits work.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,12 +38,16 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
+  // Guarded by mu_. The atomics are written under mu_ too; they are atomic so that waiting
+  // threads can poll them without the lock before blocking (see kPollFor in thread_pool.cc).
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t n_tasks_ = 0;
-  int64_t next_task_ = 0;  // guarded by mu_
-  int64_t n_done_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  int64_t next_task_ = 0;
+  std::atomic<int64_t> n_done_ = 0;
+  std::atomic<uint64_t> generation_ = 0;
+  std::atomic<bool> stop_ = false;
+  int blocked_workers_ = 0;      // workers waiting on work_cv_
+  bool caller_blocked_ = false;  // the ParallelFor caller waiting on done_cv_
 };
 
 }  // namespace dsinfer
