@@ -188,8 +188,7 @@ struct Tokenizer::Impl {
         if (!t.is_object() || !t.contains("content") || !t["content"].is_string() ||
             !t.contains("id") || !IsValidTokenId(t["id"])) {
           return InvalidArgument(
-              "added token without string content and a valid id (an integer "
-              "in [0, " +
+              "added token without string content and a valid id (an integer in [0, " +
               std::to_string(kMaxTokenId) + "]): " + t.dump().substr(0, 200));
         }
         for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
