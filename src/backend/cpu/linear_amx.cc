@@ -12,6 +12,7 @@
 #include "backend/cpu/linear_amx_internal.h"
 #include "backend/random_weights.h"
 #include "core/dtype.h"
+#include "core/prefetch.h"
 #include "core/quant.h"
 #include "core/status.h"
 
@@ -216,14 +217,15 @@ inline int64_t ElementByte(const WeightMatrix& w, int64_t element) {
 // Software prefetch for a row tile's 16 streams, which the hardware prefetcher picks up late:
 // `lines` cache lines of row r at column col + kPrefetchCols, or, past the row's end, of the same
 // row of the next row tile (where this thread most likely goes next).
-inline void PrefetchAhead(const WeightMatrix& w, int64_t r, int64_t col, int lines) {
+// always_inline: it only prefetches (core/prefetch.h).
+__attribute__((always_inline)) inline void PrefetchAhead(const WeightMatrix& w, int64_t r,
+                                                         int64_t col, int lines) {
   const int64_t k = w.cols;
   int64_t element = r * k + col + kPrefetchCols;
   if (col + kPrefetchCols >= k) element += (kTileRows - 1) * k;
   if (element >= w.rows * k) return;
   const int64_t byte = ElementByte(w, element);
-  for (int l = 0; l < lines; ++l)
-    _mm_prefetch(reinterpret_cast<const char*>(w.data + byte + 64 * l), _MM_HINT_T0);
+  for (int l = 0; l < lines; ++l) PrefetchToL1(w.data + byte + 64 * l);
 }
 
 }  // namespace
@@ -425,7 +427,7 @@ DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin,
       const int64_t next = (row_begin + (tile_begin + s / n_blocks + 1) * kTileRows) * row_bytes +
                            (s % n_blocks) * slice;
       for (int64_t o = 0; o < slice && next + o < matrix_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w.data + next + o), _MM_HINT_T1);
+        PrefetchToL2(w.data + next + o);
     }
     const int64_t t = tile_begin + s / n_blocks, b = s % n_blocks;
     if (b == 0) ZeroAccumulators<NG>();

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/linear_amx_internal.h"  // kFp4Table: bf16 bits of the e2m1 codes
 #include "core/dtype.h"
+#include "core/prefetch.h"
 #include "core/status.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -254,9 +255,9 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
         for (int line = 0; line < kBlockBytes; line += 64) {
           const char* p = reinterpret_cast<const char*>(ahead + line);
           if constexpr (T > 2)
-            _mm_prefetch(p, _MM_HINT_T0);
+            PrefetchToL1(p);
           else
-            _mm_prefetch(p, _MM_HINT_T1);
+            PrefetchToL2(p);
         }
       }
       if constexpr (F == WeightFormat::kBF16) {
@@ -446,10 +447,10 @@ struct PrefetchSpread {
 
   void Step() {
     credit += per_step;
-    for (; credit >= 256 && next < end; credit -= 256, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+    for (; credit >= 256 && next < end; credit -= 256, next += 64) PrefetchToL2(next);
   }
   void Finish() {
-    for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T1);
+    for (; next < end; next += 64) PrefetchToL2(next);
   }
 };
 
