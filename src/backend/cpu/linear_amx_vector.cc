@@ -85,18 +85,16 @@ class FlushToZero {
 constexpr int PairSlot(int q) { return 4 * (q / 2) + q % 2; }
 constexpr int kPairs = kSlots / 2;
 
-// A group's bytes kPrefetchAhead further on, asked for into L1 as the group is read. The rows of
-// a thread's range are one sequential stream, yet the hardware prefetchers alone left these
-// kernels at about 12 GB/s from DRAM on two threads on the Sapphire Rapids VM of docs/PERF.md,
-// two thirds of their rate in cache: with the prefetches the FP8 matrices of a decode step took
-// 19-23 ms instead of 32, the routed experts 13 instead of 20 (decode_parts_bench). 2-16 KiB
-// ahead measured alike with the weights in huge pages (the engine's copy); 4 KiB kept.
-// Prefetches past the end of the matrix never fault.
-constexpr int64_t kPrefetchAhead = 4096;
-// always_inline: it only prefetches (core/prefetch.h).
-DSINFER_AMX_TARGET __attribute__((always_inline)) inline void PrefetchGroupAhead(
-    const uint8_t* group, int lines) {
-  for (int i = 0; i < lines; ++i) PrefetchToL1(group + kPrefetchAhead + 64 * i);
+// `lines` cache lines from `ahead` (a group of the row kInterleavedRows rows on), into L1. The
+// rows of a thread's range are one sequential stream, yet the hardware prefetchers alone left
+// these kernels at about 12 GB/s from DRAM on two threads on the Sapphire Rapids VM of
+// docs/PERF.md, two thirds of their rate in cache; with a prefetch 4 KiB ahead the FP8 matrices
+// of a decode step took 19-23 ms instead of 32, the routed experts 13 instead of 20
+// (decode_parts_bench). Prefetches past the end of the matrix never fault. always_inline: it
+// only prefetches (core/prefetch.h).
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void PrefetchLines(const uint8_t* ahead,
+                                                                            int lines) {
+  for (int i = 0; i < lines; ++i) PrefetchToL1(ahead + 64 * i);
 }
 
 // FP8 gathers from (L_mh, H_mh) (see Fp8Row): slot 8 mh + ml of lane j is byte 8 j + ml.
@@ -253,16 +251,14 @@ constexpr int kFp8PairShift = 60;
 // the same bits in the top byte of a dword, rebiased into the code's exact fp32 value (normal for
 // every code), and a scalef makes the weight exactly, flushed as the tile unit flushes.
 template <int T>
-DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const WeightMatrix& w,
-                                                                       int64_t r, int64_t g,
-                                                                       const GroupX& x,
-                                                                       float (*acc)[2],
-                                                                       VectorRoutes& routes) {
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(
+    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, float (*acc)[2],
+    VectorRoutes& routes, int64_t ahead) {
   const uint8_t* row = w.data + r * w.cols;
   const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
   const __m128i repeat4 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const uint8_t* p = row + g * kGroupCols;
-  PrefetchGroupAhead(p, kGroupCols / 64);
+  PrefetchLines(p + ahead, kGroupCols / 64);
   // Lane j's chunk lies in column block 4 g + j / 4.
   uint32_t four = 0;
   std::memcpy(&four, scale_codes + 4 * g, 4);
@@ -437,15 +433,13 @@ DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i co
 // General route: fp32 e2m1 values scaled by the lane's scale exponent (exact, flushed as the
 // tile unit flushes), FMAs.
 template <int T>
-DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const WeightMatrix& w,
-                                                                       int64_t r, int64_t g,
-                                                                       const GroupX& x,
-                                                                       float (*acc)[2],
-                                                                       VectorRoutes& routes) {
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(
+    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, float (*acc)[2],
+    VectorRoutes& routes, int64_t ahead) {
   const uint8_t* row = w.data + r * (w.cols / 2);
   const uint8_t* scale_codes = w.scales + r * w.scale_cols;
   const uint8_t* p = row + g * (kGroupCols / 2);
-  PrefetchGroupAhead(p, kGroupCols / 2 / 64);
+  PrefetchLines(p + ahead, kGroupCols / 2 / 64);
   const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
                         _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
   const __m512i codes = _mm512_cvtepu8_epi32(
@@ -537,14 +531,26 @@ DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begi
   }
 }
 
-// Row r, group by group. The groups are inlined: a call per group cost as much as its sums.
-template <int T>
+// Rows interleaved by the row sums: each row's two chains are sequential adds (FoldSums, about
+// 32 cycles of latency per group), and one row's groups are more work than the out-of-order
+// window holds, so rows one after another overlapped little; R rows group by group give R
+// independent chains. Each row still sums its groups in order, so the bits are unchanged.
+constexpr int kInterleavedRows = 4;
+
+// Rows r .. r + R - 1, group by group, each row's groups in order; acc[i]: row r + i's chains.
+// The groups are inlined: a call per group cost as much as its sums.
+template <int T, int R>
 DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
-                                float (*acc)[2], VectorRoutes& routes) {
-  if (w.format == WeightFormat::kFp8Block)
-    for (int64_t g = 0; g < groups; ++g) Fp8Group<T>(w, r, g, x, acc, routes);
+                                float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  // The same group R rows on: the next block of rows, a whole block's groups ahead in time.
+  const int64_t ahead = R * (fp8 ? w.cols : w.cols / 2);
+  if (fp8)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int i = 0; i < R; ++i) Fp8Group<T>(w, r + i, g, x, acc[i], routes, ahead);
   else
-    for (int64_t g = 0; g < groups; ++g) Fp4Group<T>(w, r, g, x, acc, routes);
+    for (int64_t g = 0; g < groups; ++g)
+      for (int i = 0; i < R; ++i) Fp4Group<T>(w, r + i, g, x, acc[i], routes, ahead);
 }
 
 // The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
@@ -554,15 +560,18 @@ DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(
     int64_t xt_token, uint16_t* tail_buf, float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
   const int64_t chunks = w.cols / kTileK, groups = chunks / kLanes;
   FlushToZero ftz;
-  for (int64_t r = r0; r < r1; ++r) {
-    float(*a)[2] = acc[r - r0];
-    for (int t = 0; t < n_tok; ++t) a[t][0] = a[t][1] = 0.0f;
-    if (n_tok == 1)
-      RowSums<1>(w, r, groups, x, a, routes);
-    else
-      RowSums<2>(w, r, groups, x, a, routes);
-    if (groups * kLanes < chunks) TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, a);
-  }
+  for (int64_t r = r0; r < r1; ++r)
+    for (int t = 0; t < n_tok; ++t) acc[r - r0][t][0] = acc[r - r0][t][1] = 0.0f;
+  int64_t r = r0;
+  for (; r + kInterleavedRows <= r1; r += kInterleavedRows)
+    n_tok == 1 ? RowSums<1, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes)
+               : RowSums<2, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
+  for (; r < r1; ++r)
+    n_tok == 1 ? RowSums<1, 1>(w, r, groups, x, acc + (r - r0), routes)
+               : RowSums<2, 1>(w, r, groups, x, acc + (r - r0), routes);
+  if (groups * kLanes < chunks)
+    for (r = r0; r < r1; ++r)
+      TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, acc[r - r0]);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
