@@ -40,7 +40,7 @@ expect() {  # expect OBJECT HINT...
 }
 
 # The AMX and AVX-512 BF16 kernels are compiled on every x86-64 Linux build (target attributes).
-expect linear_amx.cc.o prefetcht0 prefetcht1
+expect linear_amx.cc.o prefetcht0
 expect linear_amx_vector.cc.o prefetcht0
 expect linear_bf16dot.cc.o prefetcht0 prefetcht1
 # The AVX2 panels only when the build targets AVX2 (-march=native on such a CPU).

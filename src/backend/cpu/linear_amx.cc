@@ -412,23 +412,15 @@ DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin,
     ConvertBlock(w, r0, nr, b, BlockChunks(chunks, b), fp4 && adds_valid[t % 2] ? adds : nullptr,
                  ring + (step % (kLookahead + 1)) * kPerBlock * kTileElems);
   };
-  // The next row tile's bytes (row tiles are contiguous) are prefetched into L2 a slice per
-  // block: deep memory-level parallelism for the converting loads, which a 16-row interleaved
-  // access pattern does not get from the hardware prefetchers.
-  const int64_t row_bytes = ElementByte(w, w.cols);
-  const int64_t tile_bytes = kTileRows * row_bytes;
-  const int64_t slice = (tile_bytes / n_blocks + 63) & ~int64_t{63};
-  const int64_t matrix_bytes = w.rows * row_bytes;
+  // No bulk prefetch of the next row tile into L2 here: ConvertBlock's own prefetches, four
+  // blocks ahead along each row and on into the next row tile, cover the stream. A slice of the
+  // next tile per block step (prefetcht1) was issued here while those were deleted by the
+  // compiler (core/prefetch.h); with both, FP8 at 16 tokens ran 14 % slower than with these
+  // alone (docs/PERF.md, 2026-12-05).
   alignas(64) float cbuf[2 * kGroupsPerPass][kTileRows * kTileTokens];
   for (int64_t s = 0; s < std::min<int64_t>(kLookahead, n_steps); ++s) convert(s);
   for (int64_t s = 0; s < n_steps; ++s) {
     if (s + kLookahead < n_steps) convert(s + kLookahead);
-    {
-      const int64_t next = (row_begin + (tile_begin + s / n_blocks + 1) * kTileRows) * row_bytes +
-                           (s % n_blocks) * slice;
-      for (int64_t o = 0; o < slice && next + o < matrix_bytes; o += 64)
-        PrefetchToL2(w.data + next + o);
-    }
     const int64_t t = tile_begin + s / n_blocks, b = s % n_blocks;
     if (b == 0) ZeroAccumulators<NG>();
     BlockTileOps<NG>(ring + (s % (kLookahead + 1)) * kPerBlock * kTileElems, kTileElems, 64, xv,
