@@ -85,7 +85,7 @@ class FlushToZero {
 constexpr int PairSlot(int q) { return 4 * (q / 2) + q % 2; }
 constexpr int kPairs = kSlots / 2;
 
-// `lines` cache lines from `ahead` (a group of the row kInterleavedRows rows on), into L1. The
+// `lines` cache lines from `ahead` (the same group of the row R rows on, RowSums), into L1. The
 // rows of a thread's range are one sequential stream, yet the hardware prefetchers alone left
 // these kernels at about 12 GB/s from DRAM on two threads on the Sapphire Rapids VM of
 // docs/PERF.md, two thirds of their rate in cache; with a prefetch 4 KiB ahead the FP8 matrices
@@ -534,7 +534,8 @@ DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begi
 // Rows interleaved by the row sums: each row's two chains are sequential adds (FoldSums, about
 // 32 cycles of latency per group), and one row's groups are more work than the out-of-order
 // window holds, so rows one after another overlapped little; R rows group by group give R
-// independent chains. Each row still sums its groups in order, so the bits are unchanged.
+// independent chains (measured: FP8 at one token -13 %, FP4 unchanged; docs/PERF.md). Each row
+// still sums its groups in order, so the bits are unchanged.
 constexpr int kInterleavedRows = 4;
 
 // Rows r .. r + R - 1, group by group, each row's groups in order; acc[i]: row r + i's chains.
