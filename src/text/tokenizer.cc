@@ -187,9 +187,8 @@ struct Tokenizer::Impl {
       for (const Json& t : root["added_tokens"]) {
         if (!t.is_object() || !t.contains("content") || !t["content"].is_string() ||
             !t.contains("id") || !IsValidTokenId(t["id"])) {
-          return InvalidArgument(
-              "added token without string content and a valid id (an integer in [0, " +
-              std::to_string(kMaxTokenId) + "]): " + t.dump().substr(0, 200));
+          return InvalidArgument("added token without string content and a valid id (" +
+                                 ValidTokenIdRule() + "): " + t.dump().substr(0, 200));
         }
         for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
           if (t.value(flag, false)) return Unimplemented(std::string("added token ") + flag);
@@ -267,8 +266,7 @@ class TableExtractor {
     if (depth != 3 || path_[1] != "model") return true;
     if (path_[2] == "vocab" && event == Event::value) {
       if (!IsValidTokenId(parsed)) {
-        error_ = "vocab entry " + path_[3] + " has no valid id (an integer in [0, " +
-                 std::to_string(kMaxTokenId) + "])";
+        error_ = "vocab entry " + path_[3] + " has no valid id (" + ValidTokenIdRule() + ")";
       } else {
         tables_.vocab.emplace_back(std::move(path_[3]), parsed.get<int32_t>());
       }

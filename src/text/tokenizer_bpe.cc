@@ -77,6 +77,8 @@ bool IsValidTokenId(const nlohmann::json& id) {
   return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= kMaxTokenId;
 }
 
+std::string ValidTokenIdRule() { return "an integer in [0, " + std::to_string(kMaxTokenId) + "]"; }
+
 Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
   if (!model.is_object()) return InvalidArgument("tokenizer.json has no \"model\" object");
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
@@ -88,8 +90,8 @@ Result<BpeModel> BpeModel::FromJson(const nlohmann::json& model) {
   Tables tables;
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!IsValidTokenId(id)) {
-      return InvalidArgument("vocab entry " + token + " has no valid id (an integer in [0, " +
-                             std::to_string(kMaxTokenId) + "])");
+      return InvalidArgument("vocab entry " + token + " has no valid id (" + ValidTokenIdRule() +
+                             ")");
     }
     tables.vocab.emplace_back(token, id.get<int32_t>());
   }

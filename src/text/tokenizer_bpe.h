@@ -27,6 +27,8 @@ int ByteLevelCharToByte(char32_t ch);
 inline constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
 // `id` is a JSON integer in [0, kMaxTokenId].
 bool IsValidTokenId(const nlohmann::json& id);
+// What a valid id is, for error messages: "an integer in [0, kMaxTokenId]".
+std::string ValidTokenIdRule();
 
 class BpeModel {
  public:

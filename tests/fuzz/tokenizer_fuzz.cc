@@ -106,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto loaded = Tokenizer::FromJson(rest);
   if (!loaded.ok()) return 0;
   const Tokenizer& tok = *loaded;
-    // Texts through a file that loads: its vocabulary and added tokens may be anything (a
+  // Texts through a file that loads: its vocabulary and added tokens may be anything (a
   // vocabulary may lack bytes, two tokens may share an id), so the text need not encode or come
   // back, but whatever Encode gives must decode, and stream as it decodes.
   for (std::string_view text : {std::string_view("hello world"), std::string_view("ab|cd<x> \n"),

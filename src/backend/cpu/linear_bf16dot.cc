@@ -454,6 +454,10 @@ struct PrefetchSpread {
   }
 };
 
+// Weight rows per GroupBlocks call in GroupTile (its register blocks): FP8 / FP4 (scaled) two,
+// bf16 four. ManyTokenTile counts GroupBlocks' block steps with it.
+constexpr int GroupRowBlock(bool scaled) { return scaled ? 2 : 4; }
+
 // Rows [r0, r0 + rows) of an FP8 or FP4 matrix into tile: DotRows' conversions and scales.
 template <WeightFormat F>
 DSINFER_BF16DOT_TARGET void ConvertTile(const WeightMatrix& w, int64_t r0, int rows,
@@ -545,7 +549,7 @@ DSINFER_BF16DOT_TARGET void GroupBlocks(const GroupWeights& gw, int i0, int64_t 
 template <bool kScaled, int T>
 DSINFER_BF16DOT_TARGET void GroupTile(const GroupWeights& gw, int rows, const uint16_t* xg,
                                       GroupSums& sums, PrefetchSpread& prefetch) {
-  constexpr int R = kScaled ? 2 : 4;
+  constexpr int R = GroupRowBlock(kScaled);
   for (int64_t b0 = 0; b0 < gw.blocks; b0 += kGroupChunkBlocks) {
     const int64_t b1 = std::min(gw.blocks, b0 + kGroupChunkBlocks);
     int i = 0;
@@ -606,7 +610,7 @@ DSINFER_BF16DOT_TARGET void ManyTokenTile(const WeightMatrix& w, int64_t r0, int
   }
   const int64_t groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
   const int64_t next_lines = (next_r1 - next_r0) * row_bytes / 64;
-  const int row_block = scaled ? 2 : 4;  // GroupTile's R
+  const int row_block = GroupRowBlock(scaled);
   const int64_t steps =
       groups * (rows / row_block + rows % row_block) * gw.blocks;  // GroupBlocks' block steps
   PrefetchSpread prefetch;
