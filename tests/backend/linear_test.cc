@@ -517,6 +517,81 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
 }
 
 #ifdef DSINFER_AMX_COMPILED
+// The vector kernels' pair routes (unscaled weights by VDPBF16PS, each chunk's sum scaled once)
+// against the tiles bit for bit at the edges of the scale codes they accept for activation
+// exponents in [e_min, e_max]: FP4 code in [max(2, 9 - e_min), min(252, 245 - e_max)], FP8 in
+// [max(7, 17 - e_min), min(194, 239 - e_max)] (MatMulRowsVector). Taken just inside, where the
+// smallest products are exactly 2^-126 or the largest sums near 2^128; the general route just
+// outside, and for every code when the exponents leave the range the unscaled sums need. The
+// activations span 10+ bits with 8 significant bits each, so the FP4 integer route never fits.
+TEST(Linear, VectorPairRoutesAreExactAtTheirEdges) {
+  if (!amx::Available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  ThreadPool pool(2);
+  constexpr int64_t kRows = 37, kCols = 1024 + 96;  // two whole groups and a tail of 3 chunks
+  constexpr int64_t kRowGroups = kRows * 2;
+  struct Case {
+    WeightFormat format;
+    int code, e_min, e_max;
+    bool pairs;
+  };
+  constexpr WeightFormat kFp4 = WeightFormat::kFp4Packed, kFp8 = WeightFormat::kFp8Block;
+  const Case cases[] = {
+      {kFp4, 9, 0, 9, true},          {kFp4, 8, 0, 9, false},        {kFp4, 236, 0, 9, true},
+      {kFp4, 237, 0, 9, false},       {kFp4, 127, -118, -100, true}, {kFp4, 126, -118, -100, false},
+      {kFp4, 127, -119, -100, false}, {kFp4, 127, 100, 118, true},   {kFp4, 128, 100, 118, false},
+      {kFp4, 120, 100, 119, false},   {kFp4, 2, 3, 12, false},       {kFp4, 1, 20, 30, false},
+      {kFp4, 252, -20, -7, true},     {kFp4, 253, -20, -7, false},   {kFp4, 255, 0, 10, false},
+      {kFp4, 0, 0, 10, false},        {kFp8, 17, 0, 9, true},        {kFp8, 16, 0, 9, false},
+      {kFp8, 194, 0, 9, true},        {kFp8, 195, 0, 9, false},      {kFp8, 67, -50, -40, true},
+      {kFp8, 66, -50, -40, false},    {kFp8, 67, -51, -40, false},   {kFp8, 172, 60, 67, true},
+      {kFp8, 173, 60, 67, false},     {kFp8, 120, 60, 68, false}};
+  uint32_t seed = 1900;
+  for (const Case& c : cases) {
+    std::mt19937 rng(++seed);
+    HostWeight w = RandomWeight(rng, c.format, kRows, kCols,
+                                {.scale_code_lo = c.code,
+                                 .scale_code_hi = c.code,
+                                 .fp8_trained_distribution = true,
+                                 .name = "pairs.weight"});
+    std::vector<float> x(2 * kCols);  // [2, kCols]: bf16-exact, exponents in [e_min, e_max]
+    for (int64_t i = 0; i < 2 * kCols; ++i) {
+      int e = c.e_min + static_cast<int>(rng() % (c.e_max - c.e_min + 1));
+      if (i % 32 == 0) e = c.e_min;  // every chunk reaches both ends of the range
+      if (i % 32 == 7) e = c.e_max;
+      const float mantissa = static_cast<float>(128 + rng() % 128) / 128.0f;
+      x[i] = (rng() % 2 ? -1.0f : 1.0f) * std::ldexp(mantissa, e);
+      if (i % 32 == 9 || i % 32 == 30) x[i] = 0.0f;
+    }
+    for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
+      std::vector<float> tiles(2 * kRows, 7.0f), vector(2 * kRows, 7.0f);
+      amx::MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, pool,
+                      amx::Kernel::kTiles);
+      amx::internal::VectorRoutes routes;
+      amx::internal::MatMulRowsVector(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows,
+                                      pool, &routes);
+      for (size_t i = 0; i < tiles.size(); ++i) {
+        const bool both_nan = std::isnan(tiles[i]) && std::isnan(vector[i]);
+        ASSERT_TRUE(both_nan ||
+                    std::bit_cast<uint32_t>(tiles[i]) == std::bit_cast<uint32_t>(vector[i]))
+            << "format " << static_cast<int>(c.format) << " code " << c.code << " exponents ["
+            << c.e_min << ", " << c.e_max << "] tokens " << tokens.size() << " at " << i
+            << ": tiles " << tiles[i] << " vector " << vector[i];
+      }
+      EXPECT_EQ(routes.integer + routes.pairs + routes.general, kRowGroups);
+      EXPECT_EQ(routes.integer, 0);
+      // FP8 weights drawn as trained ones still hold a rare subnormal code, which sends its
+      // group to the general route whatever the scale.
+      if (c.format == kFp4 || !c.pairs)
+        EXPECT_EQ(routes.pairs, c.pairs ? kRowGroups : 0)
+            << "format " << static_cast<int>(c.format) << " code " << c.code << " exponents ["
+            << c.e_min << ", " << c.e_max << "]";
+      else
+        EXPECT_GT(routes.pairs, kRowGroups / 2) << "FP8 code " << c.code;
+    }
+  }
+}
+
 // The FP4 integer route (activations that are small integers times a power of two, summed
 // exactly) against the tiles bit for bit, at the edges of the scale range it accepts: taken just
 // inside them, with the largest integers and weights (partial sums near 2^24 units, the smallest

@@ -634,6 +634,59 @@ DSINFER_AMX_TARGET bool ChunkAsInt16Vector(const float* x, int* shift, int16_t* 
   return true;
 }
 
+// Gather indices of one group's activations, relative to the group's first column (512 g):
+// [slot m][lane j] the column TileOrder puts at slot m of chunk 16 g + j. A whole group's FP8
+// chunks are always in pairs: a chunk without a pair is the row's last, which is in the tail.
+struct GroupGather {
+  alignas(64) std::array<std::array<int32_t, kLanes>, kSlots> index;
+};
+constexpr GroupGather MakeGroupGather(WeightFormat format) {
+  GroupGather gather{};
+  for (int m = 0; m < kSlots; ++m)
+    for (int j = 0; j < kLanes; ++j)
+      gather.index[m][j] = format == WeightFormat::kFp8Block
+                               ? 64 * (j / 2) + kFp8PairOrder[(j % 2) * kTileK + m]
+                               : kTileK * j + kFp4ChunkOrder[m];
+  return gather;
+}
+constexpr GroupGather kFp8GroupGather = MakeGroupGather(WeightFormat::kFp8Block);
+constexpr GroupGather kFp4GroupGather = MakeGroupGather(WeightFormat::kFp4Packed);
+
+// Group g of one token's row xr in the tiles' order (GroupX): xs_g [slot][lane] fp32 and xp_g
+// [pair][lane] bf16 pairs of the values times pair_factor (a power of two). field_min /
+// field_max: running extremes of the nonzero values' exponent fields, updated. The scalar loops
+// this replaces were about as costly as the matmul itself for a 16 x 4096 call.
+DSINFER_AMX_TARGET void GroupActivations(const float* xr, int64_t g, const GroupGather& gather,
+                                         float pair_factor, float* xs_g, uint32_t* xp_g,
+                                         int* field_min, int* field_max) {
+  const float* base = xr + g * kGroupCols;
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  __m512 v[kSlots];
+  for (int m = 0; m < kSlots; ++m) {
+    v[m] = _mm512_i32gather_ps(_mm512_load_si512(gather.index[m].data()), base, 4);
+    _mm512_storeu_ps(xs_g + m * kLanes, v[m]);
+    const __m512i bits = _mm512_and_si512(_mm512_castps_si512(v[m]), magnitude);
+    const __mmask16 nonzero = _mm512_test_epi32_mask(bits, bits);
+    const __m512i field = _mm512_srli_epi32(bits, 23);
+    lo = _mm512_mask_min_epi32(lo, nonzero, lo, field);
+    hi = _mm512_mask_max_epi32(hi, nonzero, hi, field);
+  }
+  const __m512 factor = _mm512_set1_ps(pair_factor);
+  for (int q = 0; q < kPairs; ++q) {
+    // bf16-exact values (times a power of two): the high halves of their bits.
+    const __m512i high = _mm512_castps_si512(_mm512_mul_ps(v[PairSlot(q)], factor));
+    const __m512i low = _mm512_castps_si512(_mm512_mul_ps(v[PairSlot(q) + 2], factor));
+    _mm512_storeu_si512(
+        xp_g + q * kLanes,
+        _mm512_or_si512(
+            _mm512_and_si512(high, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))),
+            _mm512_srli_epi32(low, 16)));
+  }
+  *field_min = std::min(*field_min, _mm512_reduce_min_epi32(lo));
+  *field_max = std::max(*field_max, _mm512_reduce_max_epi32(hi));
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -655,40 +708,28 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   std::vector<uint32_t> xp(n_tok * xp_token);
   const bool fp8 = w.format == WeightFormat::kFp8Block;
   const float pair_factor = fp8 ? std::ldexp(1.0f, kFp8PairShift) : 1.0f;  // exact
+  // Per group, the exponent fields of the smallest and largest nonzero |x| over the tokens (the
+  // values are normal: RowIsBf16Exact; 255 / 0 while none was seen).
+  std::vector<int> field_min(groups, 255), field_max(groups, 0);
+  const GroupGather& gather = fp8 ? kFp8GroupGather : kFp4GroupGather;
   for (int t = 0; t < n_tok; ++t) {
     const float* xr = x + tokens[t] * k;
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t g = 0; g < groups; ++g)
+      GroupActivations(xr, g, gather, pair_factor, xs.data() + t * xs_token + g * kGroupCols,
+                       xp.data() + t * xp_token + g * kPairs * kLanes, &field_min[g],
+                       &field_max[g]);
+    for (int64_t c = c_tail; c < chunks; ++c) {
       const ChunkOrder order = TileOrder(w.format, chunks, c);
-      const float* col = xr + order.base;
-      if (c >= c_tail) {
-        float* dst = xt.data() + t * xt_token + (c - c_tail) * kTileK;
-        for (int m = 0; m < kSlots; ++m) dst[m] = col[order.offsets[m]];
-        continue;
-      }
-      float* dst = xs.data() + t * xs_token + (c / kLanes) * kGroupCols + c % kLanes;
-      for (int m = 0; m < kSlots; ++m) dst[m * kLanes] = col[order.offsets[m]];
-      uint32_t* pairs = xp.data() + t * xp_token + (c / kLanes) * kPairs * kLanes + c % kLanes;
-      for (int q = 0; q < kPairs; ++q) {
-        const float high = col[order.offsets[PairSlot(q)]] * pair_factor;  // bf16-exact
-        const float low = col[order.offsets[PairSlot(q) + 2]] * pair_factor;
-        pairs[q * kLanes] = static_cast<uint32_t>(F32ToBf16(high)) << 16 | F32ToBf16(low);
-      }
+      float* dst = xt.data() + t * xt_token + (c - c_tail) * kTileK;
+      for (int m = 0; m < kSlots; ++m) dst[m] = xr[order.base + order.offsets[m]];
     }
   }
-  // Per group, the exponents of the smallest and largest nonzero |x| over the tokens (the values
-  // are normal: RowIsBf16Exact), and from them the scale codes for which the pair routes are
-  // exact (GroupX): every product and partial sum, scaled and unscaled, stays normal.
+  // From the extremes, the scale codes for which the pair routes are exact (GroupX): every
+  // product and partial sum, scaled and unscaled, stays normal.
   std::vector<int16_t> code_lo(groups), code_hi(groups);
   for (int64_t g = 0; g < groups; ++g) {
-    int ex_min = 1000, ex_max = -1000;
-    for (int t = 0; t < n_tok; ++t)
-      for (int i = 0; i < kGroupCols; ++i) {
-        const uint32_t bits = std::bit_cast<uint32_t>(xs[t * xs_token + g * kGroupCols + i]);
-        if ((bits & 0x7fffffffu) == 0) continue;
-        const int e = static_cast<int>((bits >> 23) & 0xff) - 127;
-        ex_min = std::min(ex_min, e), ex_max = std::max(ex_max, e);
-      }
-    const bool all_zero = ex_min == 1000;
+    const bool all_zero = field_min[g] == 255;
+    const int ex_min = field_min[g] - 127, ex_max = field_max[g] - 127;
     int lo = 0, hi = 0;
     if (fp8) {
       // Products are multiples of 2^(ex_min - 16 + k) (x: 8 significant bits, e4m3 normals:
