@@ -98,31 +98,64 @@ DSINFER_AMX_TARGET void ConvertFp8Chunk(const uint8_t* codes, float scale, uint1
   _mm512_storeu_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f1, f0)));
 }
 
-// 64 e4m3 codes (a chunk pair) times 2^(scale_code - 127) -> the pair's two tile rows, out0 and
-// out1, in Fp8PairColumn order. Integer-only: the code goes to the high byte of a word, an
-// arithmetic shift puts sign, exponent and mantissa where bf16 wants them (the sign copies landing
-// in the top exponent bits are masked off), and the exponent is rebiased (e4m3 bias 7, bf16 127)
-// and scaled in one add. Exact for normal codes and zeros when every result stays normal
-// (scale_code in [7, 246]); returns false without writing when a code is subnormal (magnitude
-// 1..7, which would need normalising) so the caller takes the general path.
-DSINFER_AMX_TARGET bool ConvertFp8PairFast(const uint8_t* codes, int scale_code, uint16_t* out0,
-                                           uint16_t* out1) {
+// bf16 bits of the e4m3 magnitudes m = 0 .. 127 (eeee fff) at scale 1: 2^(e - 7) (1 + f/8) for
+// e >= 1, f 2^-9 for e = 0 (exact in bf16; 0 for m = 0). m = 127, e4m3fn's NaN, reads as 480
+// here as in every conversion of this file (ConvertFp8Chunk).
+alignas(64) constexpr std::array<uint16_t, 128> kE4M3Bf16 = [] {
+  std::array<uint16_t, 128> bits{};
+  for (int m = 1; m < 128; ++m) {
+    const int e = m >> 3, f = m & 7;
+    if (e > 0) {
+      bits[m] = static_cast<uint16_t>((e + 120) << 7 | f << 4);
+    } else {  // f 2^-9 = 2^(p - 9) (f / 2^p), p = floor(log2 f): exponent field p + 118
+      const int p = f >= 4 ? 2 : f >= 2 ? 1 : 0;
+      bits[m] = static_cast<uint16_t>((p + 118) << 7 | ((f << (3 - p)) & 7) << 4);
+    }
+  }
+  return bits;
+}();
+
+// VPERMI2B tables of a scale code in [kFp8TableCodeLo, kFp8TableCodeHi]: the high and low
+// bytes of kE4M3Bf16 times 2^(code - 127), entries 0 .. 63 in the first vector of each pair.
+// In that range every nonzero scaled value stays a normal bf16 (2^-9 .. 480 times the scale).
+constexpr int kFp8TableCodeLo = 10, kFp8TableCodeHi = 246;
+struct Fp8ByteTables {
+  __m512i hi0, hi1, lo0, lo1;
+};
+DSINFER_AMX_TARGET inline Fp8ByteTables MakeFp8ByteTables(int scale_code) {
+  const __m512i add = _mm512_set1_epi16(static_cast<int16_t>((scale_code - 127) << 7));
+  __m256i lo[4], hi[4];
+  for (int i = 0; i < 4; ++i) {
+    // Entry 0 (zero) keeps its bits.
+    const __mmask32 nonzero = i == 0 ? 0xfffffffeu : 0xffffffffu;
+    const __m512i words =
+        _mm512_mask_add_epi16(_mm512_load_si512(kE4M3Bf16.data() + 32 * i), nonzero,
+                              _mm512_load_si512(kE4M3Bf16.data() + 32 * i), add);
+    lo[i] = _mm512_cvtepi16_epi8(words);
+    hi[i] = _mm512_cvtepi16_epi8(_mm512_srli_epi16(words, 8));
+  }
+  auto join = [](__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  };
+  return {join(hi[0], hi[1]), join(hi[2], hi[3]), join(lo[0], lo[1]), join(lo[2], lo[3])};
+}
+
+// 64 e4m3 codes (a chunk pair) -> the pair's two tile rows, out0 and out1, in Fp8PairColumn
+// order (the byte unpacks' order), exact: two byte lookups by magnitude (VPERMI2B) give the
+// bf16's low and high bytes, the code's sign goes into the high byte, and the unpacks make
+// words. Zeros, subnormal codes and every scale in the tables' range need no special case: the
+// shift-and-add conversion this replaces tested each word for zero and each code for
+// subnormality, and cost 39 ns per 512 weights against the tile op's 13 (docs/PERF.md).
+DSINFER_AMX_TARGET inline void ConvertFp8PairTable(const uint8_t* codes, const Fp8ByteTables& t,
+                                                   uint16_t* out0, uint16_t* out1) {
   const __m512i x = _mm512_loadu_si512(codes);
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi8(0x7f));
-  if (_mm512_cmplt_epu8_mask(_mm512_sub_epi8(mag, _mm512_set1_epi8(1)), _mm512_set1_epi8(7)) != 0)
-    return false;
-  const __m512i add = _mm512_set1_epi16(static_cast<int16_t>((scale_code - 7) << 7));
-  const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87f0));
-  const __m512i magnitude_bits = _mm512_set1_epi16(0x07f0);
-  const __m512i zero = _mm512_setzero_si512();
-  __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, x), 4), keep);
-  __m512i hi = _mm512_and_si512(_mm512_srai_epi16(_mm512_unpackhi_epi8(zero, x), 4), keep);
-  // Zeros (either sign) keep their bits: only nonzero magnitudes get the exponent add.
-  lo = _mm512_mask_add_epi16(lo, _mm512_test_epi16_mask(lo, magnitude_bits), lo, add);
-  hi = _mm512_mask_add_epi16(hi, _mm512_test_epi16_mask(hi, magnitude_bits), hi, add);
-  _mm512_storeu_si512(out0, lo);
-  _mm512_storeu_si512(out1, hi);
-  return true;
+  const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi8(0x7f));
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, magnitude, t.lo1);
+  // high | (x & 0x80)
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, magnitude, t.hi1), x,
+                                               _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+  _mm512_storeu_si512(out0, _mm512_unpacklo_epi8(lo, hi));
+  _mm512_storeu_si512(out1, _mm512_unpackhi_epi8(lo, hi));
 }
 
 // The general path for a chunk pair: exact values in natural order, then placed in pair order.
@@ -238,6 +271,8 @@ DSINFER_AMX_TARGET void internal::ConvertBlock(const WeightMatrix& w, int64_t r0
   const WeightFormat format = w.format;
   const uint8_t* __restrict data = w.data;
   const int64_t k = w.cols, col0 = b * kBlockCols;
+  Fp8ByteTables tables{};
+  int table_code = -1;  // the scale code `tables` were made for
   for (int i = 0; i < nr; ++i) {
     const int64_t r = r0 + i;
     uint16_t* dst = out + i * kTileK;
@@ -249,12 +284,19 @@ DSINFER_AMX_TARGET void internal::ConvertBlock(const WeightMatrix& w, int64_t r0
       // 16 rows are 16 streams the hardware prefetcher picks up late; ask for lines ahead.
       PrefetchAhead(w, r, col0, 2);
       const int scale_code = w.scales[(r / 128) * w.scale_cols + col0 / 128];  // 128x128 block
-      const bool fast_scale = scale_code >= 7 && scale_code <= 246;
+      const bool in_tables = scale_code >= kFp8TableCodeLo && scale_code <= kFp8TableCodeHi;
+      // The rows of a tile share their code unless the tile straddles a 128-row block.
+      if (in_tables && scale_code != table_code) {
+        tables = MakeFp8ByteTables(scale_code);
+        table_code = scale_code;
+      }
       int j = 0;
       for (; j + 2 <= n_chunks; j += 2) {
         uint16_t* out0 = dst + j * kTileElems;
         uint16_t* out1 = out0 + kTileElems;
-        if (!fast_scale || !ConvertFp8PairFast(row + j * kTileK, scale_code, out0, out1))
+        if (in_tables)
+          ConvertFp8PairTable(row + j * kTileK, tables, out0, out1);
+        else
           ConvertFp8PairGeneral(row + j * kTileK, E8M0ToF32(static_cast<uint8_t>(scale_code)), out0,
                                 out1);
       }
