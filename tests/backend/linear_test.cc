@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -517,6 +518,20 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
 }
 
 #ifdef DSINFER_AMX_COMPILED
+// Rows [0, rows) of w for the listed tokens of x through the AMX tile path and through the vector
+// kernels: tiles and vector [2][rows] (7 where nothing was written). Returns the vector kernels'
+// routes.
+amx::internal::VectorRoutes TilesAndVector(const model::WeightMatrix& w, const float* x,
+                                           std::span<const int64_t> tokens, ThreadPool& pool,
+                                           std::vector<float>* tiles, std::vector<float>* vector) {
+  tiles->assign(2 * w.rows, 7.0f);
+  vector->assign(2 * w.rows, 7.0f);
+  amx::MatMulRows(w, 0, w.rows, x, tokens, tiles->data(), w.rows, pool, amx::Kernel::kTiles);
+  amx::internal::VectorRoutes routes;
+  amx::internal::MatMulRowsVector(w, 0, w.rows, x, tokens, vector->data(), w.rows, pool, &routes);
+  return routes;
+}
+
 // The vector kernels' pair routes (unscaled weights by VDPBF16PS, each chunk's sum scaled once)
 // against the tiles bit for bit at the edges of the scale codes they accept for activation
 // exponents in [e_min, e_max]: FP4 code in [max(2, 9 - e_min), min(252, 245 - e_max)], FP8 in
@@ -564,12 +579,9 @@ TEST(Linear, VectorPairRoutesAreExactAtTheirEdges) {
       if (i % 32 == 9 || i % 32 == 30) x[i] = 0.0f;
     }
     for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
-      std::vector<float> tiles(2 * kRows, 7.0f), vector(2 * kRows, 7.0f);
-      amx::MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, pool,
-                      amx::Kernel::kTiles);
-      amx::internal::VectorRoutes routes;
-      amx::internal::MatMulRowsVector(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows,
-                                      pool, &routes);
+      std::vector<float> tiles, vector;
+      const amx::internal::VectorRoutes routes =
+          TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector);
       for (size_t i = 0; i < tiles.size(); ++i) {
         const bool both_nan = std::isnan(tiles[i]) && std::isnan(vector[i]);
         ASSERT_TRUE(both_nan ||
@@ -631,12 +643,9 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
                                        : sign * std::ldexp(static_cast<float>(magnitude), c.shift);
       }
       for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
-        std::vector<float> tiles(2 * kRows, 7.0f), vector(2 * kRows, 7.0f);
-        amx::MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, pool,
-                        amx::Kernel::kTiles);
-        amx::internal::VectorRoutes routes;
-        amx::internal::MatMulRowsVector(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows,
-                                        pool, &routes);
+        std::vector<float> tiles, vector;
+        const amx::internal::VectorRoutes routes =
+            TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector);
         for (size_t i = 0; i < tiles.size(); ++i)
           ASSERT_EQ(std::bit_cast<uint32_t>(tiles[i]), std::bit_cast<uint32_t>(vector[i]))
               << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind)
