@@ -98,20 +98,10 @@ DSINFER_AMX_TARGET void ConvertFp8Chunk(const uint8_t* codes, float scale, uint1
   _mm512_storeu_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(f1, f0)));
 }
 
-// bf16 bits of the e4m3 magnitudes m = 0 .. 127 (eeee fff) at scale 1: 2^(e - 7) (1 + f/8) for
-// e >= 1, f 2^-9 for e = 0 (exact in bf16; 0 for m = 0). m = 127, e4m3fn's NaN, reads as 480
-// here as in every conversion of this file (ConvertFp8Chunk).
+// E4M3MagnitudeBf16 for every magnitude, as ConvertFp8PairTable's tables start from it.
 alignas(64) constexpr std::array<uint16_t, 128> kE4M3Bf16 = [] {
   std::array<uint16_t, 128> bits{};
-  for (int m = 1; m < 128; ++m) {
-    const int e = m >> 3, f = m & 7;
-    if (e > 0) {
-      bits[m] = static_cast<uint16_t>((e + 120) << 7 | f << 4);
-    } else {  // f 2^-9 = 2^(p - 9) (f / 2^p), p = floor(log2 f): exponent field p + 118
-      const int p = f >= 4 ? 2 : f >= 2 ? 1 : 0;
-      bits[m] = static_cast<uint16_t>((p + 118) << 7 | ((f << (3 - p)) & 7) << 4);
-    }
-  }
+  for (int m = 0; m < 128; ++m) bits[m] = E4M3MagnitudeBf16(m);
   return bits;
 }();
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <span>
 
@@ -78,6 +79,18 @@ inline ChunkOrder TileOrder(model::WeightFormat format, int64_t chunks, int64_t 
     return {(c / 2) * 64, kFp8PairOrder.data() + (c % 2) * kTileK};
   if (format == model::WeightFormat::kFp4Packed) return {c * kTileK, kFp4ChunkOrder.data()};
   return {c * kTileK, kNaturalOrder.data()};
+}
+
+// bf16 bits of the e4m3 magnitude m = 0 .. 127 (eeee fff) at scale 1, exact: 2^(e - 7) (1 + f/8)
+// for e >= 1, f 2^-9 for e = 0 (subnormal codes; 0 for m = 0). m = 127, e4m3fn's NaN, gives 480,
+// as every conversion of the CPU kernels reads it. Used by the tiles' FP8 tables (linear_amx.cc)
+// and the AVX-512 BF16 kernels' subnormal table (linear_bf16dot.cc).
+constexpr uint16_t E4M3MagnitudeBf16(int m) {
+  const int e = m >> 3, f = m & 7;
+  const float value = e > 0 ? std::bit_cast<float>(static_cast<uint32_t>(e + 120) << 23) *
+                                  (1.0f + static_cast<float>(f) / 8.0f)
+                            : static_cast<float>(f) * 0x1p-9f;
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
 }
 
 // bf16 bits of the e2m1 codes 0..15, twice (the index's bit 4 is the next element's); 0 and 8

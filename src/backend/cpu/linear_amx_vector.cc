@@ -29,7 +29,6 @@
 // order. Chunks past the last whole group take the tile path's own conversion and scalar FMAs.
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <mutex>

@@ -132,8 +132,7 @@ bool ProbeBf16Dot() {
 // rest unused).
 alignas(64) constexpr std::array<uint16_t, 32> kFp8SubnormalBf16 = [] {
   std::array<uint16_t, 32> t{};
-  for (int m = 0; m < 8; ++m)
-    t[m] = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(m) * 0x1p-9f) >> 16);
+  for (int m = 0; m < 8; ++m) t[m] = amx::internal::E4M3MagnitudeBf16(m);
   return t;
 }();
 
