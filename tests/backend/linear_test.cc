@@ -519,16 +519,18 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
 
 #ifdef DSINFER_AMX_COMPILED
 // Rows [0, rows) of w for the listed tokens of x through the AMX tile path and through the vector
-// kernels: tiles and vector [2][rows] (7 where nothing was written). Returns the vector kernels'
-// routes.
+// kernels (integer_route: see MatMulRowsVector): tiles and vector [2][rows] (7 where nothing was
+// written). Returns the vector kernels' routes.
 amx::internal::VectorRoutes TilesAndVector(const model::WeightMatrix& w, const float* x,
                                            std::span<const int64_t> tokens, ThreadPool& pool,
-                                           std::vector<float>* tiles, std::vector<float>* vector) {
+                                           std::vector<float>* tiles, std::vector<float>* vector,
+                                           bool integer_route = true) {
   tiles->assign(2 * w.rows, 7.0f);
   vector->assign(2 * w.rows, 7.0f);
   amx::MatMulRows(w, 0, w.rows, x, tokens, tiles->data(), w.rows, pool, amx::Kernel::kTiles);
   amx::internal::VectorRoutes routes;
-  amx::internal::MatMulRowsVector(w, 0, w.rows, x, tokens, vector->data(), w.rows, pool, &routes);
+  amx::internal::MatMulRowsVector(w, 0, w.rows, x, tokens, vector->data(), w.rows, pool, &routes,
+                                  integer_route);
   return routes;
 }
 
@@ -538,7 +540,7 @@ amx::internal::VectorRoutes TilesAndVector(const model::WeightMatrix& w, const f
 // [max(7, 17 - e_min), min(194, 239 - e_max)] (MatMulRowsVector). Taken just inside, where the
 // smallest products are exactly 2^-126 or the largest sums near 2^128; the general route just
 // outside, and for every code when the exponents leave the range the unscaled sums need. The
-// activations span 10+ bits with 8 significant bits each, so the FP4 integer route never fits.
+// FP4 integer route, which many of these chunks would fit, is kept out.
 TEST(Linear, VectorPairRoutesAreExactAtTheirEdges) {
   if (!amx::Available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
@@ -581,7 +583,7 @@ TEST(Linear, VectorPairRoutesAreExactAtTheirEdges) {
     for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
       std::vector<float> tiles, vector;
       const amx::internal::VectorRoutes routes =
-          TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector);
+          TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector, false);
       for (size_t i = 0; i < tiles.size(); ++i) {
         const bool both_nan = std::isnan(tiles[i]) && std::isnan(vector[i]);
         ASSERT_TRUE(both_nan ||
@@ -604,11 +606,12 @@ TEST(Linear, VectorPairRoutesAreExactAtTheirEdges) {
   }
 }
 
-// The FP4 integer route (activations that are small integers times a power of two, summed
-// exactly) against the tiles bit for bit, at the edges of the scale range it accepts: taken just
-// inside them, with the largest integers and weights (partial sums near 2^24 units, the smallest
-// unit 2^-126, the largest 2^103), and not taken just outside; nor for chunks whose integers
-// reach 2^15 (one past int16), while bf16 Gaussians take whichever route fits.
+// The FP4 integer route (activations that are integers times a power of two, summed exactly)
+// against the tiles bit for bit, at the edges of the scale range it accepts: taken just inside
+// them, with large integers and weights (the smallest unit 2^-126, the largest 2^103), and not
+// taken just outside; at the bound on the integers' absolute sum (partial sums up to 2^24
+// units): taken at 1398101, with the third byte plane, and not at 1398102; not for integers
+// of 2^21; while bf16 Gaussians take whichever route fits.
 TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
   if (!amx::Available())
     GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
@@ -622,10 +625,11 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
   const Case cases[] = {{2, 0, true},     {2, -1, false},   {1, 5, false},
                         {127, -20, true}, {252, -21, true}, {252, -20, false},
                         {200, 31, true},  {200, 32, false}, {60, 68, true}};
-  enum class Kind { kIntegers, kTooWide, kGaussian };
+  enum class Kind { kIntegers, kAbsSumEdge, kPastAbsSum, kTooWide, kGaussian };
   uint32_t seed = 900;
   for (const Case& c : cases)
-    for (Kind kind : {Kind::kIntegers, Kind::kTooWide, Kind::kGaussian}) {
+    for (Kind kind :
+         {Kind::kIntegers, Kind::kAbsSumEdge, Kind::kPastAbsSum, Kind::kTooWide, Kind::kGaussian}) {
       std::mt19937 rng(++seed);
       HostWeight w =
           RandomWeight(rng, WeightFormat::kFp4Packed, kRows, kCols,
@@ -633,11 +637,18 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
       std::vector<float> x(2 * kCols);  // [2, kCols]
       std::normal_distribution<float> normal;
       for (int64_t i = 0; i < 2 * kCols; ++i) {
-        // Integers with at most 8 significant bits (bf16-exact) up to 255 * 2^7, an odd one at
-        // the start of every chunk (its lowest set bit is 2^shift) and, too wide, 2^15 next.
-        int magnitude = static_cast<int>(rng() % 256) << (rng() % 8);
+        // Integers with at most 8 significant bits (bf16-exact) up to 254 * 2^7, two byte
+        // planes each, an odd one at the start of every chunk (its lowest set bit is 2^shift)
+        // and the largest next. The edge kinds: bf16-exact integers whose absolute sum is
+        // 1398101 (5 + 2^20 + 85 * 2^12 + 85 * 2^4), or one more; too wide: 2^21 next.
+        int magnitude = static_cast<int>(rng() % 255) << (rng() % 8);
         if (i % 32 == 0) magnitude = 1 + 2 * static_cast<int>(rng() % 128);
-        if (i % 32 == 1 && kind == Kind::kTooWide) magnitude = 1 << 15;
+        if (i % 32 == 1) magnitude = kind == Kind::kTooWide ? 1 << 21 : 254 << 7;
+        if (kind == Kind::kAbsSumEdge || kind == Kind::kPastAbsSum) {
+          constexpr int kEdge[5] = {5, 1 << 20, 85 << 12, 85 << 4, 0};
+          magnitude = i % 32 < 5 ? kEdge[i % 32] : 0;
+          if (i % 32 == 4 && kind == Kind::kPastAbsSum) magnitude = 1;
+        }
         const float sign = rng() % 2 ? -1.0f : 1.0f;
         x[i] = kind == Kind::kGaussian ? RoundBf16(normal(rng) * std::ldexp(1.0f, c.shift + 8))
                                        : sign * std::ldexp(static_cast<float>(magnitude), c.shift);
@@ -653,7 +664,10 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
               << vector[i];
         EXPECT_EQ(routes.integer + routes.pairs + routes.general, kGroupRows);
         if (kind != Kind::kGaussian) {
-          EXPECT_EQ(routes.integer, c.integer && kind == Kind::kIntegers ? kGroupRows : 0)
+          const bool integer = c.integer && (kind == Kind::kIntegers || kind == Kind::kAbsSumEdge);
+          EXPECT_EQ(routes.integer, integer ? kGroupRows : 0)
+              << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind);
+          EXPECT_EQ(routes.integer_wide, integer && kind == Kind::kAbsSumEdge ? kGroupRows : 0)
               << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind);
         }
       }

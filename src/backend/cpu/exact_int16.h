@@ -16,8 +16,9 @@ namespace dsinfer::backend::cpu {
 // Writes x[i] = a[i] * 2^shift for i < n and returns true when every x[i] is zero or a normal
 // number and the integers fit int16 (|a| <= 32767); shift is the exponent of the lowest set bit
 // over the chunk (0 for an all-zero chunk). Returns false otherwise (a and shift then unspecified).
-// linear_amx_vector.cc has an AVX-512 twin (ChunkAsInt16Vector): a change to this rule changes
-// both, and each kernel's edge tests pin its copy.
+// The AVX-512 integer route (linear_amx_vector.cc, ChunkAsBytePlanes) makes the same integers
+// under its own bound (on the sum of |a|, for its byte planes); each kernel's edge tests pin its
+// rule.
 inline bool ChunkAsInt16(const float* x, int n, int* shift, int16_t* a) {
   int low = 1000;  // lowest set bit's exponent over the nonzero values
   for (int i = 0; i < n; ++i) {

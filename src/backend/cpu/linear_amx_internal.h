@@ -113,13 +113,15 @@ constexpr int kVectorMaxTokens = 2;
 // How many 512-column row groups took each route (linear_amx_vector.cc): for tests and
 // benchmarks that need to know a route ran.
 struct VectorRoutes {
-  int64_t integer = 0;  // FP4, exact integer sums
-  int64_t pairs = 0;    // bf16 pairs, VDPBF16PS
-  int64_t general = 0;  // fp32 FMAs
+  int64_t integer = 0;       // FP4, exact integer sums
+  int64_t integer_wide = 0;  // of those, with a third byte plane (some |A| past 2^15)
+  int64_t pairs = 0;         // bf16 pairs, VDPBF16PS
+  int64_t general = 0;       // fp32 FMAs
 };
+// integer_route false keeps FP4 groups off the integer route (tests of the other routes' edges).
 void MatMulRowsVector(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end,
                       const float* x, std::span<const int64_t> tokens, float* y, int64_t ldy,
-                      ThreadPool& pool, VectorRoutes* routes = nullptr);
+                      ThreadPool& pool, VectorRoutes* routes = nullptr, bool integer_route = true);
 #endif
 
 }  // namespace dsinfer::backend::cpu::amx::internal

@@ -177,13 +177,47 @@ DSINFER_AMX_TARGET inline void FoldSums(__m512 sums, float* acc) {
   acc[1] = c1;
 }
 
-// The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX),
-// go into the even and odd chains in chunk order.
+// Four rows' chunk sums (s[i]: row i, lane = chunk) into their chains at once: chains holds
+// the even chains of rows 0..3 in lanes 0..3 and the odd chains in lanes 4..7. Each lane adds
+// its row's chunks in chunk order, as FoldSums does, so the bits are FoldSums'. Why: row by row
+// the fold was 8 lane moves and 8 dependent adds per chain and group plus the chains' round trip
+// through memory (perf annotate put about 40 % of the FP4 integer route's samples there, with
+// skid); here it is 16 shuffles and 8 adds per 4 rows. Measured 5-10 % faster at one and two
+// tokens in cache, within noise from DRAM (docs/PERF.md, 2026-12-05, seventh session).
+DSINFER_AMX_TARGET inline __m256 FoldRows4(const __m512 (&s)[4], __m256 chains) {
+  // Per 128-bit lane L: t0 = s0[4L], s1[4L], s0[4L+1], s1[4L+1]; t1 the same for 4L+2, 4L+3.
+  const __m512 t0 = _mm512_unpacklo_ps(s[0], s[1]), t1 = _mm512_unpackhi_ps(s[0], s[1]);
+  const __m512 t2 = _mm512_unpacklo_ps(s[2], s[3]), t3 = _mm512_unpackhi_ps(s[2], s[3]);
+  // u[c], lane L: chunk 4 L + c of rows 0..3.
+  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  const __m512 u[4] = {_mm512_castpd_ps(_mm512_unpacklo_pd(pd(t0), pd(t2))),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t0), pd(t2))),
+                       _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t1), pd(t3))),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t1), pd(t3)))};
+  // Step k adds chunk 2k (u[2 (k % 2)], lane k / 2) to the even chains and chunk 2k + 1
+  // (u[2 (k % 2) + 1], lane k / 2) to the odd ones: lanes 0, 1 pair up as [u_even | u_odd].
+  const __m512i lanes01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i lanes23 =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 a = _mm512_permutex2var_ps(u[0], lanes01, u[1]);  // steps 0, 2
+  const __m512 b = _mm512_permutex2var_ps(u[2], lanes01, u[3]);  // steps 1, 3
+  const __m512 c = _mm512_permutex2var_ps(u[0], lanes23, u[1]);  // steps 4, 6
+  const __m512 d = _mm512_permutex2var_ps(u[2], lanes23, u[3]);  // steps 5, 7
+  chains = _mm256_add_ps(chains, _mm512_castps512_ps256(a));
+  chains = _mm256_add_ps(chains, _mm512_castps512_ps256(b));
+  chains = _mm256_add_ps(chains, _mm512_extractf32x8_ps(a, 1));
+  chains = _mm256_add_ps(chains, _mm512_extractf32x8_ps(b, 1));
+  chains = _mm256_add_ps(chains, _mm512_castps512_ps256(c));
+  chains = _mm256_add_ps(chains, _mm512_castps512_ps256(d));
+  chains = _mm256_add_ps(chains, _mm512_extractf32x8_ps(c, 1));
+  return _mm256_add_ps(chains, _mm512_extractf32x8_ps(d, 1));
+}
+
+// The per-chunk sums e + o of one group, times the lanes' scales (powers of two, see GroupX).
 template <int T>
-DSINFER_AMX_TARGET inline void FoldGroup(const __m512 (&even)[T], const __m512 (&odd)[T],
-                                         __m512 scales, float (*acc)[2]) {
-  for (int t = 0; t < T; ++t)
-    FoldSums(_mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), scales), acc[t]);
+DSINFER_AMX_TARGET inline void GroupSums(const __m512 (&even)[T], const __m512 (&odd)[T],
+                                         __m512 scales, __m512 (&sums)[T]) {
+  for (int t = 0; t < T; ++t) sums[t] = _mm512_mul_ps(_mm512_add_ps(even[t], odd[t]), scales);
 }
 
 // One slot's 16 weights (fp32, lane = chunk) against T tokens' activations for that slot.
@@ -221,13 +255,16 @@ struct GroupX {
   int64_t xp_token;
   const int16_t* code_lo;  // [groups]
   const int16_t* code_hi;  // [groups]
-  // FP4 integer route (Fp4IntegerGroup): ai [token][group][block][j][32] int16, word k of
-  // (block, j) being column 128 block + 4 k + j of the group times 2^-shift of its chunk; per
-  // token and chunk [token][chunk] the shift and the scale codes [int_lo, int_hi] for which the
-  // route is exact; int_group [group]: every chunk of the group is an integer for every token.
-  const int16_t* ai;
-  int64_t ai_token;
+  // FP4 integer route (Fp4IntegerGroup): ab [token][group][block][parity][plane][64] signed
+  // bytes: byte m of parity 0 (even) holds plane p (l, m, h) of A for column 128 block + 2m of
+  // the group (its value times 2^-shift of its chunk), of parity 1 for column 128 block + 2m + 1;
+  // per token and chunk [token][chunk] the shift, 12 * sum(A) (int_corr) and the scale codes
+  // [int_lo, int_hi] for which the route is exact; int_group [group]: the planes every chunk of
+  // the group needs for every token (2 or 3), or 0 when a chunk is not an integer one.
+  const int8_t* ab;
+  int64_t ab_token;
   const int32_t* int_shift;
+  const int32_t* int_corr;
   const int32_t* int_lo;
   const int32_t* int_hi;
   int64_t int_token;
@@ -250,7 +287,7 @@ constexpr int kFp8PairShift = 60;
 // every code), and a scalef makes the weight exactly, flushed as the tile unit flushes.
 template <int T>
 DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(
-    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, float (*acc)[2],
+    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, __m512 (&sums)[T],
     VectorRoutes& routes, int64_t ahead) {
   const uint8_t* row = w.data + r * w.cols;
   const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
@@ -333,20 +370,42 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(
         SlotFma<T>(wv, xg + m * kLanes, x.xs_token, m % 2 == 0 ? even : odd);
       }
   }
-  FoldGroup<T>(even, odd, scales, acc);
+  GroupSums<T>(even, odd, scales, sums);
 }
 
-// FP4 integer route. Twice an e2m1 value is an integer in [-12, 12] (kFp4IntTable, indexed by the
-// code, twice over as kFp4Table), and when a chunk's activations are integers A times 2^shift
-// with |A| <= 32767, every partial sum the tile unit forms for that chunk is an integer multiple
-// of u = 2^(shift - 1 + code - 127) below 12 * 32 * 32767 < 2^24 times u: exact in fp32. The
-// tile unit's chains then add without rounding, so the chunk's e + o is the exact sum, whatever
-// the order, and integer dot products (VPDPWSSD: 32 products per instruction and no conversion
-// to bf16) give it bit for bit. Exact while u is normal and 2^24 u finite: shift + code in
-// [2, 231], with code in [2, 252] for normal, finite weights (MatMulRowsVector's int_lo/int_hi).
-alignas(64) constexpr std::array<int16_t, 32> kFp4IntTable = {
-    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// FP4 integer route. Twice an e2m1 value is an integer in [-12, 12]. When a chunk's activations
+// are integers A times 2^shift, every partial sum the tile unit forms for that chunk (a sum of
+// some of its products, in any order) is an integer multiple of u = 2^(shift - 1 + code - 127)
+// of magnitude at most 12 * sum(|A|) u. With 12 * sum(|A|) <= 2^24 all of them are exact in
+// fp32, the tile unit's chains add without rounding, and the chunk's e + o is the exact sum,
+// which integer dot products give bit for bit. Exact while u is normal and 2^24 u finite:
+// shift + code in [2, 231], with code in [2, 252] for normal, finite weights (MatMulRowsVector's
+// int_lo/int_hi). The bound on the sum, not on each A, admits the chunks of w2's input (silu(g) u,
+// FP8-quantized): a few large values beside many small ones, past int16 but far from 2^24.
+//
+// The dot products are VPDPBUSD (unsigned x signed bytes, 64 products per instruction): each
+// weight as the byte 2w + 12 in [0, 24] (kFp4ByteTable, one byte lookup per 64 weights), each
+// activation as signed bytes A = 65536 h + 256 m + l (l the low byte read as signed, m likewise
+// of (A - l) / 256), the h plane only for groups that need it, and the offset taken back as
+// 12 * sum(A) per chunk (GroupX::int_corr). Against word lookups and VPDPWSSD on int16 (the
+// route before) this halves the lookups and drops three of four shifts (docs/PERF.md,
+// 2026-12-05, seventh session).
+constexpr int kFp4ByteOffset = 12;
+constexpr int32_t kIntegerAbsSumMax = (1 << 24) / 12;        // 1398101: 12 * sum(|A|) <= 2^24
+constexpr int kIntegerPlanes = 3;                            // l, m, h (GroupX::ab)
+constexpr int kIntegerBlockBytes = 2 * kIntegerPlanes * 64;  // per block of 128 columns
+constexpr int kIntegerGroupBytes = 4 * kIntegerBlockBytes;   // per group of 512 columns
+// 2w + 12 for the code in an index's low four bits; bits 4 and 5 (the next nibble's, after a
+// shift) select one of four copies, and VPERMB ignores bits 6 and 7.
+alignas(64) constexpr std::array<uint8_t, 64> kFp4ByteTable = [] {
+  constexpr int kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  std::array<uint8_t, 64> table{};
+  for (int i = 0; i < 64; ++i) {
+    const int code = i % 16, twice = code < 8 ? kTwice[code] : -kTwice[code - 8];
+    table[i] = static_cast<uint8_t>(twice + kFp4ByteOffset);
+  }
+  return table;
+}();
 
 // Dword lanes of sums[b] (b = 0..3) hold 4 partial sums for each of chunks 4 b .. 4 b + 3, in
 // order; their totals with lane = chunk. Integer adds: any order is exact.
@@ -391,33 +450,41 @@ DSINFER_AMX_TARGET inline bool IntegerCodesFit(__m512i codes, const GroupX& x, i
   return true;
 }
 
-// Group g of an FP4 row (z: its 256 bytes, 4 blocks of 4 chunks) by exact integer sums. Word k
-// of block b holds the codes of columns 4 k .. 4 k + 3 of the block, one per nibble: a word
-// shift by 4 j and a word-table lookup give twice the weight of column 4 k + j, and its pair
-// (words 2 d, 2 d + 1, one chunk) goes to dword d with the activations laid out alike (ai).
-template <int T>
+// Group g of an FP4 row (z: its 256 bytes, 4 blocks of 4 chunks) by exact integer sums, with
+// the activations in kPlanes (2 or 3) byte planes. Byte m of block b holds columns 2m (low
+// nibble) and 2m + 1 (high nibble) of the block: one lookup of the low nibbles and one of the
+// high give the even and odd columns' weight bytes, and dword d of either (columns 8d .. 8d + 7)
+// lies in chunk d / 4, with the activations' planes laid out alike (GroupX::ab).
+template <int T, int kPlanes>
 DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i codes,
-                                               const GroupX& x, int64_t g, float (*acc)[2]) {
-  const __m512i table = _mm512_load_si512(kFp4IntTable.data());
-  __m512i sums[T][4];
-  for (int t = 0; t < T; ++t)
-    for (int b = 0; b < 4; ++b) sums[t][b] = _mm512_setzero_si512();
-  const int16_t* ag = x.ai + g * kGroupCols;
-  for (int b = 0; b < 4; ++b)
-    for (int j = 0; j < 4; ++j) {
-      const __m512i w =
-          _mm512_permutexvar_epi16(j == 0 ? z[b] : _mm512_srli_epi16(z[b], 4 * j), table);
-      for (int t = 0; t < T; ++t)
-        sums[t][b] = _mm512_dpwssd_epi32(sums[t][b], w,
-                                         _mm512_load_si512(ag + t * x.ai_token + (4 * b + j) * 32));
-    }
+                                               const GroupX& x, int64_t g, __m512 (&sums_out)[T]) {
+  const __m512i table = _mm512_load_si512(kFp4ByteTable.data());
+  __m512i even[4], odd[4];  // [block] weight bytes 2w + 12 of the even / odd columns
+  for (int b = 0; b < 4; ++b) {
+    even[b] = _mm512_permutexvar_epi8(z[b], table);
+    odd[b] = _mm512_permutexvar_epi8(_mm512_srli_epi16(z[b], 4), table);
+  }
   for (int t = 0; t < T; ++t) {
+    const int8_t* ag = x.ab + t * x.ab_token + g * kIntegerGroupBytes;
+    __m512i sums[4];
+    for (int b = 0; b < 4; ++b) {
+      const int8_t* ab = ag + b * kIntegerBlockBytes;
+      __m512i plane_sums[kPlanes];  // [l, m, h]
+      for (int p = 0; p < kPlanes; ++p)
+        plane_sums[p] = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), even[b], _mm512_loadu_si512(ab + 64 * p)),
+            odd[b], _mm512_loadu_si512(ab + 64 * (kIntegerPlanes + p)));
+      sums[b] = _mm512_add_epi32(plane_sums[0], _mm512_slli_epi32(plane_sums[1], 8));
+      if constexpr (kPlanes == 3)
+        sums[b] = _mm512_add_epi32(sums[b], _mm512_slli_epi32(plane_sums[2], 16));
+    }
+    const int64_t at = t * x.int_token + g * kLanes;
+    const __m512i totals = _mm512_sub_epi32(ChunkTotals(sums), _mm512_loadu_si512(x.int_corr + at));
     // The chunk's unit 2^(shift - 1 + code - 127): exponent field shift + code - 1, in [1, 251].
     const __m512i field = _mm512_add_epi32(
-        _mm512_add_epi32(_mm512_loadu_si512(x.int_shift + t * x.int_token + g * kLanes), codes),
-        _mm512_set1_epi32(-1));
+        _mm512_add_epi32(_mm512_loadu_si512(x.int_shift + at), codes), _mm512_set1_epi32(-1));
     const __m512 unit = _mm512_castsi512_ps(_mm512_slli_epi32(field, 23));
-    FoldSums(_mm512_mul_ps(_mm512_cvtepi32_ps(ChunkTotals(sums[t])), unit), acc[t]);
+    sums_out[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(totals), unit);
   }
 }
 
@@ -432,7 +499,7 @@ DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i co
 // tile unit flushes), FMAs.
 template <int T>
 DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(
-    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, float (*acc)[2],
+    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, __m512 (&sums)[T],
     VectorRoutes& routes, int64_t ahead) {
   const uint8_t* row = w.data + r * (w.cols / 2);
   const uint8_t* scale_codes = w.scales + r * w.scale_cols;
@@ -443,7 +510,12 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(
   const __m512i codes = _mm512_cvtepu8_epi32(
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
   if (IntegerCodesFit<T>(codes, x, g)) {
-    Fp4IntegerGroup<T>(z, codes, x, g, acc);
+    if (x.int_group[g] == 2) {
+      Fp4IntegerGroup<T, 2>(z, codes, x, g, sums);
+    } else {
+      Fp4IntegerGroup<T, 3>(z, codes, x, g, sums);
+      ++routes.integer_wide;
+    }
     ++routes.integer;
     return;
   }
@@ -495,7 +567,7 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(
         }
     }
   }
-  FoldGroup<T>(even, odd, scales, acc);
+  GroupSums<T>(even, odd, scales, sums);
 }
 
 DSINFER_AMX_TARGET inline float ScalarFma(float a, float b, float c) {
@@ -529,27 +601,63 @@ DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begi
   }
 }
 
-// Rows interleaved by the row sums: each row's two chains are sequential adds (FoldSums, about
-// 32 cycles of latency per group), and one row's groups are more work than the out-of-order
-// window holds, so rows one after another overlapped little; R rows group by group give R
-// independent chains (measured: FP8 at one token -13 %, FP4 unchanged; docs/PERF.md). Each row
-// still sums its groups in order, so the bits are unchanged.
+// Rows interleaved by the row sums: one row's groups are more work than the out-of-order window
+// holds, so rows one after another overlapped little; R rows group by group keep R rows' loads
+// and chains in flight (measured: FP8 at one token -13 %, FP4 unchanged; docs/PERF.md), and four
+// rows' chains fold with one set of vector adds (FoldRows4). Eight rows measured no faster. Each
+// row still sums its groups in order, so the bits are unchanged.
 constexpr int kInterleavedRows = 4;
 
-// Rows r .. r + R - 1, group by group, each row's groups in order; acc[i]: row r + i's chains.
-// The groups are inlined: a call per group cost as much as its sums.
+// Rows r .. r + R - 1 (R = 1 or kInterleavedRows), group by group, each row's groups in order;
+// acc[i]: row r + i's chains. The groups are inlined: a call per group cost as much as its sums.
+template <int T, int R, bool kFp8>
+DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
+                                  float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes_out) {
+  // Counted in a local: through the reference, each group's count was a load and a store that
+  // the sums' stores kept the compiler from holding in a register.
+  VectorRoutes routes;
+  static_assert(R == 1 || R == kInterleavedRows);
+  // The same group R rows on: the next block of rows, a whole block's groups ahead in time.
+  const int64_t ahead = R * (kFp8 ? w.cols : w.cols / 2);
+  __m256 chains[T];  // R = 4: [even chains of rows 0..3 | odd chains], FoldRows4
+  if constexpr (R == kInterleavedRows)
+    for (int t = 0; t < T; ++t)
+      chains[t] = _mm256_setr_ps(acc[0][t][0], acc[1][t][0], acc[2][t][0], acc[3][t][0],
+                                 acc[0][t][1], acc[1][t][1], acc[2][t][1], acc[3][t][1]);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 sums[R][T];
+    for (int i = 0; i < R; ++i) {
+      if constexpr (kFp8)
+        Fp8Group<T>(w, r + i, g, x, sums[i], routes, ahead);
+      else
+        Fp4Group<T>(w, r + i, g, x, sums[i], routes, ahead);
+    }
+    for (int t = 0; t < T; ++t) {
+      if constexpr (R == kInterleavedRows)
+        chains[t] = FoldRows4({sums[0][t], sums[1][t], sums[2][t], sums[3][t]}, chains[t]);
+      else
+        FoldSums(sums[0][t], acc[0][t]);
+    }
+  }
+  if constexpr (R == kInterleavedRows)
+    for (int t = 0; t < T; ++t) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, chains[t]);
+      for (int i = 0; i < R; ++i) acc[i][t][0] = lanes[i], acc[i][t][1] = lanes[4 + i];
+    }
+  routes_out.integer += routes.integer;
+  routes_out.integer_wide += routes.integer_wide;
+  routes_out.pairs += routes.pairs;
+  routes_out.general += routes.general;
+}
+
 template <int T, int R>
 DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
                                 float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
-  const bool fp8 = w.format == WeightFormat::kFp8Block;
-  // The same group R rows on: the next block of rows, a whole block's groups ahead in time.
-  const int64_t ahead = R * (fp8 ? w.cols : w.cols / 2);
-  if (fp8)
-    for (int64_t g = 0; g < groups; ++g)
-      for (int i = 0; i < R; ++i) Fp8Group<T>(w, r + i, g, x, acc[i], routes, ahead);
+  if (w.format == WeightFormat::kFp8Block)
+    RowSumsOf<T, R, true>(w, r, groups, x, acc, routes);
   else
-    for (int64_t g = 0; g < groups; ++g)
-      for (int i = 0; i < R; ++i) Fp4Group<T>(w, r + i, g, x, acc[i], routes, ahead);
+    RowSumsOf<T, R, false>(w, r, groups, x, acc, routes);
 }
 
 // The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
@@ -573,16 +681,22 @@ DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(
       TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, acc[r - r0]);
 }
 
-// ChunkAsInt16 (exact_int16.h) for one chunk of 32 values on AVX-512: the same decision and
-// integers, written in the integer route's layout (GroupX::ai): value i = 4u + j of the chunk to
-// out[32 j + u]. The scalar version, on every chunk of every FP4 matmul, was the larger part of
-// the activation preparation (~3 % of a batch-16 decode step on the Sapphire Rapids VM).
-DSINFER_AMX_TARGET bool ChunkAsInt16Vector(const float* x, int* shift, int16_t* out) {
+// One chunk of 32 activations as the integer route's A (the integers of ChunkAsInt16,
+// exact_int16.h, under this route's own bound: sum(|A|) <= kIntegerAbsSumMax instead of
+// |A| <= 32767), written as byte planes (GroupX::ab): planes points at the chunk's first byte
+// in the even l plane of its block, value 2i goes to byte i of the even planes, 2i + 1 to byte i
+// of the odd ones. Returns the planes the chunk needs (2 when every h is 0, else 3), or 0 when
+// it is not an integer chunk; *corr is 12 times the sum of the A. The scalar loops this replaced
+// were the larger part of the activation preparation (~3 % of a batch-16 decode step on the
+// Sapphire Rapids VM).
+DSINFER_AMX_TARGET int ChunkAsBytePlanes(const float* x, int* shift, int32_t* corr,
+                                         int8_t* planes) {
   const __m512i magnitude_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i zero = _mm512_setzero_si512();
   __m512i bits[2], biased[2], significand[2];
   __mmask16 nonzero[2];
   __m512i low = _mm512_set1_epi32(1000);  // lowest set bit's exponent over the nonzero values
+  __m512i abs_sum = zero;
   for (int h = 0; h < 2; ++h) {
     bits[h] = _mm512_loadu_si512(x + 16 * h);
     const __m512i magnitude = _mm512_and_si512(bits[h], magnitude_mask);
@@ -591,7 +705,7 @@ DSINFER_AMX_TARGET bool ChunkAsInt16Vector(const float* x, int* shift, int16_t* 
     // Subnormal, infinite or NaN.
     if ((_mm512_mask_cmpeq_epi32_mask(nonzero[h], biased[h], zero) |
          _mm512_mask_cmpeq_epi32_mask(nonzero[h], biased[h], _mm512_set1_epi32(255))) != 0)
-      return false;
+      return 0;
     significand[h] = _mm512_or_si512(_mm512_and_si512(magnitude, _mm512_set1_epi32(0x7fffff)),
                                      _mm512_set1_epi32(0x800000));
     // Trailing zeros: the exponent of the lowest set bit alone, converted exactly to fp32.
@@ -608,29 +722,38 @@ DSINFER_AMX_TARGET bool ChunkAsInt16Vector(const float* x, int* shift, int16_t* 
   __m512i values[2];
   for (int h = 0; h < 2; ++h) {
     const __m512i up =
-        _mm512_sub_epi32(biased[h], _mm512_set1_epi32(150 + lowest_bit));  // >= -trailing zeros
-    if (_mm512_mask_cmpgt_epi32_mask(nonzero[h], up, zero) != 0) return false;  // >= 2^24
+        _mm512_sub_epi32(biased[h], _mm512_set1_epi32(150 + lowest_bit));   // >= -trailing zeros
+    if (_mm512_mask_cmpgt_epi32_mask(nonzero[h], up, zero) != 0) return 0;  // >= 2^24
     const __m512i magnitude =
         _mm512_maskz_srlv_epi32(nonzero[h], significand[h], _mm512_sub_epi32(zero, up));
-    if (_mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(32767)) != 0) return false;
+    abs_sum = _mm512_add_epi32(abs_sum, magnitude);  // each < 2^24: no overflow in 32 lanes
     values[h] =
         _mm512_mask_sub_epi32(magnitude, _mm512_cmplt_epi32_mask(bits[h], zero), zero, magnitude);
   }
-  alignas(64) static constexpr std::array<uint16_t, 32> kByColumnInWord = [] {
-    std::array<uint16_t, 32> idx{};  // position 8 j + u takes value 4 u + j
-    for (int p = 0; p < 32; ++p) idx[p] = static_cast<uint16_t>(4 * (p % 8) + p / 8);
-    return idx;
-  }();
-  const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(values[0])),
-                                           _mm512_cvtepi32_epi16(values[1]), 1);
-  const __m512i ordered =
-      _mm512_permutexvar_epi16(_mm512_load_si512(kByColumnInWord.data()), words);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_castsi512_si128(ordered));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 32), _mm512_extracti32x4_epi32(ordered, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 64), _mm512_extracti32x4_epi32(ordered, 2));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 96), _mm512_extracti32x4_epi32(ordered, 3));
+  if (_mm512_reduce_add_epi32(abs_sum) > kIntegerAbsSumMax) return 0;
+  const __m512i even_index =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_index = _mm512_add_epi32(even_index, _mm512_set1_epi32(1));
+  const __m512i parity[2] = {_mm512_permutex2var_epi32(values[0], even_index, values[1]),
+                             _mm512_permutex2var_epi32(values[0], odd_index, values[1])};
+  __mmask16 high_nonzero = 0;
+  for (int p = 0; p < 2; ++p) {
+    // A = 65536 h + 256 m + l, l and m low bytes read as signed; |A| <= 1398101 < 2^21 keeps
+    // h within [-32, 32].
+    const auto low_byte = [](__m512i v) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24); };
+    const __m512i l = low_byte(parity[p]);
+    const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(parity[p], l), 8);
+    const __m512i m = low_byte(rest);
+    const __m512i h = _mm512_srai_epi32(_mm512_sub_epi32(rest, m), 8);
+    high_nonzero |= _mm512_test_epi32_mask(h, h);
+    int8_t* out = planes + p * kIntegerPlanes * 64;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(l));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 64), _mm512_cvtepi32_epi8(m));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 128), _mm512_cvtepi32_epi8(h));
+  }
+  *corr = kFp4ByteOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(values[0], values[1]));
   *shift = lowest_bit;
-  return true;
+  return high_nonzero == 0 ? 2 : 3;
 }
 
 // Gather indices of one group's activations, relative to the group's first column (512 g):
@@ -694,7 +817,7 @@ DSINFER_AMX_TARGET void GroupActivations(const float* xr, int64_t g, const Group
 
 void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const float* x,
                       std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
-                      VectorRoutes* routes) {
+                      VectorRoutes* routes, bool integer_route) {
   const int n_tok = static_cast<int>(tokens.size());
   const int64_t k = w.cols, chunks = k / kTileK, groups = chunks / kLanes;
   const int64_t c_tail = groups * kLanes, tail = chunks - c_tail;
@@ -751,31 +874,34 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
     code_lo[g] = static_cast<int16_t>(lo), code_hi[g] = static_cast<int16_t>(hi);
   }
   // FP4 integer route (Fp4IntegerGroup): per token and chunk, the activations as integers times
-  // 2^shift (shift: the lowest set bit's exponent over the chunk), when they fit int16.
-  const int64_t int_token = groups * kLanes, ai_token = groups * kGroupCols;
-  std::vector<int16_t> ai(fp8 ? 0 : n_tok * ai_token, 0);
-  std::vector<int32_t> int_shift(fp8 ? 0 : n_tok * int_token), int_lo(int_shift.size()),
-      int_hi(int_shift.size());
-  std::vector<uint8_t> int_group(groups, fp8 ? 0 : 1);
-  for (int t = 0; t < n_tok && !fp8; ++t) {
+  // 2^shift (shift: the lowest set bit's exponent over the chunk), when they fit.
+  const int64_t int_token = groups * kLanes, ab_token = groups * kIntegerGroupBytes;
+  std::vector<int8_t> ab(fp8 ? 0 : n_tok * ab_token, 0);
+  std::vector<int32_t> int_shift(fp8 ? 0 : n_tok * int_token), int_corr(int_shift.size()),
+      int_lo(int_shift.size()), int_hi(int_shift.size());
+  std::vector<uint8_t> int_group(groups, fp8 || !integer_route ? 0 : 2);
+  for (int t = 0; t < n_tok && !fp8 && integer_route; ++t) {
     const float* xr = x + tokens[t] * k;
     for (int64_t c = 0; c < c_tail; ++c) {
-      // Column q of the group (32 (c % 16) + i) is word (q % 128) / 4 of (block q / 128, j q % 4):
-      // chunk c's 32 values go to words 8 (c % 4) .. + 7 of the four j rows of block c % 16 / 4.
-      int16_t* dst = ai.data() + t * ai_token + (c / kLanes) * kGroupCols +
-                     ((c % kLanes) / 4) * 4 * 32 + 8 * (c % 4);
+      // Chunk c is chunk c % 4 of block (c % 16) / 4 of group c / 16: 16 bytes from byte
+      // 16 (c % 4) of each of that block's planes.
+      int8_t* planes = ab.data() + t * ab_token + (c / kLanes) * kIntegerGroupBytes +
+                       ((c % kLanes) / 4) * kIntegerBlockBytes + 16 * (c % 4);
       int shift = 0;
-      const bool fits = ChunkAsInt16Vector(xr + c * kTileK, &shift, dst);
       const int64_t at = t * int_token + c;
+      const int chunk_planes = ChunkAsBytePlanes(xr + c * kTileK, &shift, &int_corr[at], planes);
       int_shift[at] = shift;
-      int_lo[at] = fits ? std::max(2, 2 - shift) : 1;  // an empty range: never
-      int_hi[at] = fits ? std::min(252, 231 - shift) : 0;
-      if (!fits) int_group[c / kLanes] = 0;
+      int_lo[at] = chunk_planes > 0 ? std::max(2, 2 - shift) : 1;  // an empty range: never
+      int_hi[at] = chunk_planes > 0 ? std::min(252, 231 - shift) : 0;
+      uint8_t& group_planes = int_group[c / kLanes];
+      if (group_planes != 0)
+        group_planes =
+            static_cast<uint8_t>(chunk_planes == 0 ? 0 : std::max<int>(group_planes, chunk_planes));
     }
   }
-  const GroupX gx{xs.data(),      xs_token,  xp.data(),       xp_token,         code_lo.data(),
-                  code_hi.data(), ai.data(), ai_token,        int_shift.data(), int_lo.data(),
-                  int_hi.data(),  int_token, int_group.data()};
+  const GroupX gx{xs.data(),      xs_token,      xp.data(), xp_token,         code_lo.data(),
+                  code_hi.data(), ab.data(),     ab_token,  int_shift.data(), int_corr.data(),
+                  int_lo.data(),  int_hi.data(), int_token, int_group.data()};
   std::mutex routes_mutex;
   const int64_t n_tiles = (row_end - row_begin + kTileRows - 1) / kTileRows;
   pool.ParallelForRange(
@@ -797,6 +923,7 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
         if (routes != nullptr) {
           std::lock_guard<std::mutex> lock(routes_mutex);
           routes->integer += task_routes.integer;
+          routes->integer_wide += task_routes.integer_wide;
           routes->pairs += task_routes.pairs;
           routes->general += task_routes.general;
         }
