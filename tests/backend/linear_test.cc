@@ -625,11 +625,12 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
   const Case cases[] = {{2, 0, true},     {2, -1, false},   {1, 5, false},
                         {127, -20, true}, {252, -21, true}, {252, -20, false},
                         {200, 31, true},  {200, 32, false}, {60, 68, true}};
-  enum class Kind { kIntegers, kAbsSumEdge, kPastAbsSum, kTooWide, kGaussian };
+  // kMixedPlanes: token 0's row as kIntegers (two planes), token 1's as kAbsSumEdge (three).
+  enum class Kind { kIntegers, kAbsSumEdge, kPastAbsSum, kMixedPlanes, kTooWide, kGaussian };
   uint32_t seed = 900;
   for (const Case& c : cases)
-    for (Kind kind :
-         {Kind::kIntegers, Kind::kAbsSumEdge, Kind::kPastAbsSum, Kind::kTooWide, Kind::kGaussian}) {
+    for (Kind kind : {Kind::kIntegers, Kind::kAbsSumEdge, Kind::kPastAbsSum, Kind::kMixedPlanes,
+                      Kind::kTooWide, Kind::kGaussian}) {
       std::mt19937 rng(++seed);
       HostWeight w =
           RandomWeight(rng, WeightFormat::kFp4Packed, kRows, kCols,
@@ -644,7 +645,9 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
         int magnitude = static_cast<int>(rng() % 255) << (rng() % 8);
         if (i % 32 == 0) magnitude = 1 + 2 * static_cast<int>(rng() % 128);
         if (i % 32 == 1) magnitude = kind == Kind::kTooWide ? 1 << 21 : 254 << 7;
-        if (kind == Kind::kAbsSumEdge || kind == Kind::kPastAbsSum) {
+        const bool edge_row = kind == Kind::kAbsSumEdge || kind == Kind::kPastAbsSum ||
+                              (kind == Kind::kMixedPlanes && i >= kCols);
+        if (edge_row) {
           constexpr int kEdge[5] = {5, 1 << 20, 85 << 12, 85 << 4, 0};
           magnitude = i % 32 < 5 ? kEdge[i % 32] : 0;
           if (i % 32 == 4 && kind == Kind::kPastAbsSum) magnitude = 1;
@@ -664,10 +667,13 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
               << vector[i];
         EXPECT_EQ(routes.integer + routes.pairs + routes.general, kGroupRows);
         if (kind != Kind::kGaussian) {
-          const bool integer = c.integer && (kind == Kind::kIntegers || kind == Kind::kAbsSumEdge);
+          const bool integer = c.integer && kind != Kind::kPastAbsSum && kind != Kind::kTooWide;
+          // A group takes three planes when any of its tokens' chunks needs them.
+          const bool wide =
+              kind == Kind::kAbsSumEdge || (kind == Kind::kMixedPlanes && tokens.size() == 2);
           EXPECT_EQ(routes.integer, integer ? kGroupRows : 0)
               << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind);
-          EXPECT_EQ(routes.integer_wide, integer && kind == Kind::kAbsSumEdge ? kGroupRows : 0)
+          EXPECT_EQ(routes.integer_wide, integer && wide ? kGroupRows : 0)
               << "code " << c.code << " shift " << c.shift << " kind " << static_cast<int>(kind);
         }
       }
