@@ -212,10 +212,41 @@ bool FusedGemvApplies(const WeightMatrix& w) {
 
 }  // namespace
 
+#if defined(DSINFER_X86_AVX2) && defined(__AVX512F__)
+// The attention kernels below on AVX-512 (compiled in when the build's -march has it), with the
+// AVX2 kernels' arithmetic lane for lane: a zmm holds their two 8-lane chains, acc0 in lanes
+// 0..7 and acc1 in lanes 8..15, which see the same columns in the same order, so every result
+// is bit for bit the AVX2 one while each instruction does twice the work (attention at batch
+// 16 spent ~4 % of a decode step in these kernels; docs/PERF.md, 2026-12-05, seventh session).
+#define DSINFER_X86_AVX512_ROWS 1
+namespace {
+// GCC 12's AVX-512 headers start some intrinsics from an undefined vector, which trips
+// -Wuninitialized once inlined (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// acc0 + acc1 of a zmm of two 8-lane chains.
+inline __m256 FoldChains(__m512 acc) {
+  return _mm256_add_ps(_mm512_castps512_ps256(acc),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+}  // namespace
+#endif
+
 float Dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   float s = 0.0f;
-#ifdef DSINFER_X86_AVX2
+#if defined(DSINFER_X86_AVX512_ROWS)
+  __m512 acc = _mm512_setzero_ps();  // [acc0 | acc1]
+  for (; i + 16 <= n; i += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  s = fused::HorizontalSum(FoldChains(acc));
+#elif defined(DSINFER_X86_AVX2)
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
     acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
@@ -242,6 +273,25 @@ float AxpyColumn(const float* pj, const float* const* rows, int64_t n_rows, int6
 template <int NA>
 void DotSharedRowsN(const float* a, int64_t lda, const float* const* rows, int64_t n_rows,
                     int64_t n, float* out, int64_t ldo) {
+#ifdef DSINFER_X86_AVX512_ROWS
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* b = rows[r];
+    __m512 acc[NA];  // [acc0 | acc1]
+    for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 bv = _mm512_loadu_ps(b + i);
+      for (int j = 0; j < NA; ++j)
+        acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + j * lda + i), bv, acc[j]);
+    }
+    for (int j = 0; j < NA; ++j) {
+      float s = fused::HorizontalSum(FoldChains(acc[j]));
+      for (int64_t t = i; t < n; ++t) s += a[j * lda + t] * b[t];
+      out[j * ldo + r] = s;
+    }
+  }
+  return;
+#endif
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* b = rows[r];
     __m256 acc0[NA], acc1[NA];
@@ -268,6 +318,18 @@ template <int NA>
 void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int64_t n_rows,
                      int64_t n, float* y, int64_t ldy) {
   int64_t i = 0;
+#ifdef DSINFER_X86_AVX512_ROWS
+  for (; i + 16 <= n; i += 16) {  // each column its own chain: 16 columns per zmm
+    __m512 acc[NA];
+    for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m512 b = _mm512_loadu_ps(rows[r] + i);
+      for (int j = 0; j < NA; ++j)
+        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(p[j * ldp + r]), b, acc[j]);
+    }
+    for (int j = 0; j < NA; ++j) _mm512_storeu_ps(y + j * ldy + i, acc[j]);
+  }
+#endif
   for (; i + 16 <= n; i += 16) {
     __m256 acc0[NA], acc1[NA];
     for (int j = 0; j < NA; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
