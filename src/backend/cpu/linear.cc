@@ -290,8 +290,7 @@ void DotSharedRowsN(const float* a, int64_t lda, const float* const* rows, int64
       out[j * ldo + r] = s;
     }
   }
-  return;
-#endif
+#else
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* b = rows[r];
     __m256 acc0[NA], acc1[NA];
@@ -310,6 +309,7 @@ void DotSharedRowsN(const float* a, int64_t lda, const float* const* rows, int64
       out[j * ldo + r] = s;
     }
   }
+#endif
 }
 
 // AxpySharedRows for NA weight vectors over 16 columns at a time: the NA x 16 running values stay
@@ -329,7 +329,7 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
     }
     for (int j = 0; j < NA; ++j) _mm512_storeu_ps(y + j * ldy + i, acc[j]);
   }
-#endif
+#else
   for (; i + 16 <= n; i += 16) {
     __m256 acc0[NA], acc1[NA];
     for (int j = 0; j < NA; ++j) acc0[j] = _mm256_setzero_ps(), acc1[j] = _mm256_setzero_ps();
@@ -346,6 +346,7 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
       _mm256_storeu_ps(y + j * ldy + i + 8, acc1[j]);
     }
   }
+#endif
   for (; i < n; ++i)
     for (int j = 0; j < NA; ++j) y[j * ldy + i] = AxpyColumn(p + j * ldp, rows, n_rows, i);
 }

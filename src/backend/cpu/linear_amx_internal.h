@@ -114,7 +114,7 @@ constexpr int kVectorMaxTokens = 2;
 // benchmarks that need to know a route ran.
 struct VectorRoutes {
   int64_t integer = 0;       // FP4, exact integer sums
-  int64_t integer_wide = 0;  // of those, with a third byte plane (some |A| past 2^15)
+  int64_t integer_wide = 0;  // of those, with a third byte plane (some |A| near 2^15 or past)
   int64_t pairs = 0;         // bf16 pairs, VDPBF16PS
   int64_t general = 0;       // fp32 FMAs
 };
