@@ -109,6 +109,12 @@ double Rate(const uint8_t* buf, int64_t bytes, int passes, const Options& o, int
 
 int main(int argc, char** argv) {
   Options o;
+  if (argc % 2 == 0) {  // a flag without its value
+    std::fprintf(
+        stderr,
+        "usage: stream_overlap_bench [--threads N] [--ahead BYTES] [--row BYTES] [--mib N]\n");
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
