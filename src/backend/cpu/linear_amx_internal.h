@@ -117,6 +117,10 @@ struct VectorRoutes {
   int64_t integer_wide = 0;  // of those, with a third byte plane (some |A| near 2^15 or past)
   int64_t pairs = 0;         // bf16 pairs, VDPBF16PS
   int64_t general = 0;       // fp32 FMAs
+  VectorRoutes& operator+=(const VectorRoutes& o) {
+    integer += o.integer, integer_wide += o.integer_wide, pairs += o.pairs, general += o.general;
+    return *this;
+  }
 };
 // integer_route false keeps FP4 groups off the integer route (tests of the other routes' edges).
 void MatMulRowsVector(const model::WeightMatrix& w, int64_t row_begin, int64_t row_end,

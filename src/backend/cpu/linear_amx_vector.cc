@@ -645,10 +645,7 @@ DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t grou
       _mm256_store_ps(lanes, chains[t]);
       for (int i = 0; i < R; ++i) acc[i][t][0] = lanes[i], acc[i][t][1] = lanes[4 + i];
     }
-  routes_out.integer += routes.integer;
-  routes_out.integer_wide += routes.integer_wide;
-  routes_out.pairs += routes.pairs;
-  routes_out.general += routes.general;
+  routes_out += routes;
 }
 
 template <int T, int R>
@@ -922,10 +919,7 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
         }
         if (routes != nullptr) {
           std::lock_guard<std::mutex> lock(routes_mutex);
-          routes->integer += task_routes.integer;
-          routes->integer_wide += task_routes.integer_wide;
-          routes->pairs += task_routes.pairs;
-          routes->general += task_routes.general;
+          *routes += task_routes;
         }
       },
       1);
