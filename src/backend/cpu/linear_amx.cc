@@ -264,22 +264,14 @@ DSINFER_AMX_TARGET void internal::ConvertBlock(const WeightMatrix& w, int64_t r0
   if (format == WeightFormat::kFp8Block && nr == kTileRows && n_chunks == kPerBlock &&
       r0 / kBlockCols == (r0 + kTileRows - 1) / kBlockCols) {
     // The common case, a whole block of 16 rows under one scale, without the per-row work of
-    // the loop below (scale lookups, table checks, prefetch address arithmetic): that work cost
-    // about as much as the conversions themselves.
+    // the loop below (scale lookups, table checks): that work cost about as much as the
+    // conversions themselves.
     const int scale_code = w.scales[(r0 / kBlockCols) * w.scale_cols + col0 / kBlockCols];
     if (scale_code >= kFp8TableCodeLo && scale_code <= kFp8TableCodeHi) {
       const Fp8ByteTables tables = MakeFp8ByteTables(scale_code);
-      // PrefetchAhead's lines: kPrefetchCols further along each row, or past the row's end the
-      // same row of the next row tile; nothing past the matrix.
-      int64_t ahead = r0 * k + col0 + kPrefetchCols;
-      if (col0 + kPrefetchCols >= k) ahead += (kTileRows - 1) * k;
-      const int64_t end = w.rows * k;
       const uint8_t* row = data + r0 * k + col0;
-      for (int i = 0; i < kTileRows; ++i, row += k, ahead += k) {
-        if (ahead < end) {
-          PrefetchToL1(data + ahead);
-          PrefetchToL1(data + ahead + 64);
-        }
+      for (int i = 0; i < kTileRows; ++i, row += k) {
+        PrefetchAhead(w, r0 + i, col0, 2);
         uint16_t* dst = out + i * kTileK;
         ConvertFp8PairTable(row, tables, dst, dst + kTileElems);
         ConvertFp8PairTable(row + 2 * kTileK, tables, dst + 2 * kTileElems, dst + 3 * kTileElems);
