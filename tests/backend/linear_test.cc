@@ -679,6 +679,41 @@ TEST(Linear, Fp4IntegerRouteIsExactAtItsEdges) {
       }
     }
 }
+
+// The vector kernels take the FP4 integer route for four interleaved rows at once when every row
+// of the block fits, and row by row otherwise: here rows 1 and 6 (blocks 0 and 1) carry scale
+// code 1, where a weight is subnormal and no integer route is exact, in one group each, and
+// rows 32..34 are the tail past the last block of four. Each row's route is its own and the bits
+// are the tiles'.
+TEST(Linear, Fp4IntegerRouteIsChosenPerRowInsideABlock) {
+  if (!amx::Available())
+    GTEST_SKIP() << "no AMX-BF16 on this CPU (or DSINFER_CPU_AMX=0): FP32 kernels only";
+  ThreadPool pool(2);
+  constexpr int64_t kRows = 35, kCols = 1024 + 96;  // two whole groups and a tail
+  std::mt19937 rng(4242);
+  HostWeight w = RandomWeight(rng, WeightFormat::kFp4Packed, kRows, kCols,
+                              {.scale_code_lo = 118, .scale_code_hi = 132, .name = "mixed.weight"});
+  const int64_t scale_cols = w.view.scale_cols;
+  for (int64_t c = 0; c < 16; ++c) {
+    w.scales[1 * scale_cols + c] = 1;       // row 1, group 0
+    w.scales[6 * scale_cols + 16 + c] = 1;  // row 6, group 1
+  }
+  std::vector<float> x(2 * kCols);  // [2, kCols] FP8-quantized, as the experts' inputs are
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  for (int t = 0; t < 2; ++t) Fp8RoundTripInPlace(x.data() + t * kCols, kCols, 128);
+  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
+    std::vector<float> tiles, vector;
+    const amx::internal::VectorRoutes routes =
+        TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector);
+    for (size_t i = 0; i < tiles.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(tiles[i]), std::bit_cast<uint32_t>(vector[i]))
+          << "tokens " << tokens.size() << " at " << i;
+    EXPECT_EQ(routes.integer, kRows * 2 - 2) << "tokens " << tokens.size();
+    EXPECT_EQ(routes.general, 2) << "tokens " << tokens.size();
+    EXPECT_EQ(routes.pairs, 0) << "tokens " << tokens.size();
+  }
+}
 #endif
 
 }  // namespace

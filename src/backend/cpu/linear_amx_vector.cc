@@ -286,14 +286,15 @@ constexpr int kFp8PairShift = 60;
 // the same bits in the top byte of a dword, rebiased into the code's exact fp32 value (normal for
 // every code), and a scalef makes the weight exactly, flushed as the tile unit flushes.
 template <int T>
-DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(
-    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, __m512 (&sums)[T],
-    VectorRoutes& routes, int64_t ahead) {
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp8Group(const WeightMatrix& w,
+                                                                       int64_t r, int64_t g,
+                                                                       const GroupX& x,
+                                                                       __m512 (&sums)[T],
+                                                                       VectorRoutes& routes) {
   const uint8_t* row = w.data + r * w.cols;
   const uint8_t* scale_codes = w.scales + (r / kBlockCols) * w.scale_cols;
   const __m128i repeat4 = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const uint8_t* p = row + g * kGroupCols;
-  PrefetchLines(p + ahead, kGroupCols / 64);
   // Lane j's chunk lies in column block 4 g + j / 4.
   uint32_t four = 0;
   std::memcpy(&four, scale_codes + 4 * g, 4);
@@ -407,32 +408,39 @@ alignas(64) constexpr std::array<uint8_t, 64> kFp4ByteTable = [] {
   return table;
 }();
 
-// Dword lanes of sums[b] (b = 0..3) hold 4 partial sums for each of chunks 4 b .. 4 b + 3, in
-// order; their totals with lane = chunk. Integer adds: any order is exact.
-DSINFER_AMX_TARGET inline __m512i ChunkTotals(const __m512i (&sums)[4]) {
-  alignas(64) static constexpr std::array<std::array<int32_t, 16>, 2> kPairOf = [] {
-    std::array<std::array<int32_t, 16>, 2> idx{};  // [first/second of a pair][lane]
-    for (int l = 0; l < 16; ++l) {
-      const int c = l / 2, h = l % 2;  // lane l: half h of chunk c's four sums
-      idx[0][l] = (c < 4 ? 0 : 16) + 4 * (c % 4) + 2 * h;
-      idx[1][l] = idx[0][l] + 1;
-    }
-    return idx;
-  }();
-  alignas(64) static constexpr std::array<std::array<int32_t, 16>, 2> kHalfOf = [] {
-    std::array<std::array<int32_t, 16>, 2> idx{};
-    for (int c = 0; c < 16; ++c) {
-      idx[0][c] = c < 8 ? 2 * c : 16 + 2 * (c - 8);
-      idx[1][c] = idx[0][c] + 1;
-    }
-    return idx;
-  }();
-  const __m512i a = _mm512_load_si512(kPairOf[0].data()), b = _mm512_load_si512(kPairOf[1].data());
-  const __m512i lo = _mm512_add_epi32(_mm512_permutex2var_epi32(sums[0], a, sums[1]),
-                                      _mm512_permutex2var_epi32(sums[0], b, sums[1]));
-  const __m512i hi = _mm512_add_epi32(_mm512_permutex2var_epi32(sums[2], a, sums[3]),
-                                      _mm512_permutex2var_epi32(sums[2], b, sums[3]));
-  const __m512i c = _mm512_load_si512(kHalfOf[0].data()), d = _mm512_load_si512(kHalfOf[1].data());
+// Chunk totals from VPDPBUSD's dword lanes: the lanes of block b's sums hold 4 partial sums for
+// each of chunks 4 b .. 4 b + 3, in order. HalfTotals adds pairs of them for blocks 2 h, 2 h + 1
+// (lane l: half l % 2 of chunk 8 h + l / 2), ChunkTotals the halves of both (lane = chunk).
+// Integer adds: any order is exact. Split in two so that a caller can reduce blocks 0 and 1
+// while 2 and 3 are still being summed, with fewer registers live.
+alignas(64) constexpr std::array<std::array<int32_t, 16>, 2> kPairOfLanes = [] {
+  std::array<std::array<int32_t, 16>, 2> idx{};  // [first/second of a pair][lane]
+  for (int l = 0; l < 16; ++l) {
+    const int c = l / 2, h = l % 2;  // lane l: half h of chunk c's four sums
+    idx[0][l] = (c < 4 ? 0 : 16) + 4 * (c % 4) + 2 * h;
+    idx[1][l] = idx[0][l] + 1;
+  }
+  return idx;
+}();
+alignas(64) constexpr std::array<std::array<int32_t, 16>, 2> kHalfOfLanes = [] {
+  std::array<std::array<int32_t, 16>, 2> idx{};
+  for (int c = 0; c < 16; ++c) {
+    idx[0][c] = c < 8 ? 2 * c : 16 + 2 * (c - 8);
+    idx[1][c] = idx[0][c] + 1;
+  }
+  return idx;
+}();
+
+DSINFER_AMX_TARGET inline __m512i HalfTotals(__m512i first, __m512i second) {
+  const __m512i a = _mm512_load_si512(kPairOfLanes[0].data());
+  const __m512i b = _mm512_load_si512(kPairOfLanes[1].data());
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(first, a, second),
+                          _mm512_permutex2var_epi32(first, b, second));
+}
+
+DSINFER_AMX_TARGET inline __m512i ChunkTotals(__m512i lo, __m512i hi) {
+  const __m512i c = _mm512_load_si512(kHalfOfLanes[0].data());
+  const __m512i d = _mm512_load_si512(kHalfOfLanes[1].data());
   return _mm512_add_epi32(_mm512_permutex2var_epi32(lo, c, hi),
                           _mm512_permutex2var_epi32(lo, d, hi));
 }
@@ -440,7 +448,6 @@ DSINFER_AMX_TARGET inline __m512i ChunkTotals(const __m512i (&sums)[4]) {
 // Whether every chunk of group g takes the integer route with these scale codes, for every token.
 template <int T>
 DSINFER_AMX_TARGET inline bool IntegerCodesFit(__m512i codes, const GroupX& x, int64_t g) {
-  if (x.int_group[g] == 0) return false;
   for (int t = 0; t < T; ++t) {
     const int64_t at = t * x.int_token + g * kLanes;
     const __mmask16 ok = _mm512_cmpge_epi32_mask(codes, _mm512_loadu_si512(x.int_lo + at)) &
@@ -450,75 +457,112 @@ DSINFER_AMX_TARGET inline bool IntegerCodesFit(__m512i codes, const GroupX& x, i
   return true;
 }
 
-// Group g of an FP4 row (z: its 256 bytes, 4 blocks of 4 chunks) by exact integer sums, with
-// the activations in kPlanes (2 or 3) byte planes. Byte m of block b holds columns 2m (low
-// nibble) and 2m + 1 (high nibble) of the block: one lookup of the low nibbles and one of the
-// high give the even and odd columns' weight bytes, and dword d of either (columns 8d .. 8d + 7)
-// lies in chunk d / 4, with the activations' planes laid out alike (GroupX::ab).
-template <int T, int kPlanes>
-DSINFER_AMX_TARGET inline void Fp4IntegerGroup(const __m512i (&z)[4], __m512i codes,
-                                               const GroupX& x, int64_t g, __m512 (&sums_out)[T]) {
+// Group g of R FP4 rows (rows[i]: row i's 256 bytes of the group, 4 blocks of 4 chunks;
+// codes[i]: its 16 chunk scale codes) by exact integer sums, with the activations in kPlanes (2
+// or 3) byte planes. Byte m of block b holds columns 2m (low nibble) and 2m + 1 (high nibble) of
+// the block: one lookup of the low nibbles and one of the high give the even and odd columns'
+// weight bytes, and dword d of either (columns 8d .. 8d + 7) lies in chunk d / 4, with the
+// activations' planes laid out alike (GroupX::ab). Per block the planes are summed from the
+// highest, shifting the running sum a byte up before the next: sum(w l) + 256 sum(w m) + ...
+// without a register per plane.
+//
+// The R rows go stage by stage (all rows' blocks 0 and 1, their half totals, blocks 2 and 3,
+// then the scaling) rather than row after row. Why: a row's group is one long dependency chain
+// (lookup, two to six dot products, permutes, conversion, multiply) of ~60 vector ops; row
+// after row, the scheduler held about one such chain and waited on it. Removing any one
+// stage's ops barely changed the time, as a latency bound predicts. Interleaved, ns per group
+// from L3 on the Sapphire Rapids VM: one token w1 16.8 -> 13.9, w2 20.3 -> 15.0; two tokens
+// 23.6 -> 20.8 and 35.0 -> 26.3. From DRAM at one token the experts still read ~21 GB/s: there
+// the memory side sets the pace (docs/PERF.md, 2026-12-05, eighth session).
+template <int T, int kPlanes, int R>
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4IntegerRows(
+    const uint8_t* const (&rows)[R], const __m512i (&codes)[R], const GroupX& x, int64_t g,
+    __m512 (*sums_out)[T]) {
   const __m512i table = _mm512_load_si512(kFp4ByteTable.data());
-  __m512i even[4], odd[4];  // [block] weight bytes 2w + 12 of the even / odd columns
-  for (int b = 0; b < 4; ++b) {
-    even[b] = _mm512_permutexvar_epi8(z[b], table);
-    odd[b] = _mm512_permutexvar_epi8(_mm512_srli_epi16(z[b], 4), table);
+  __m512i halves[2][T][R];  // [blocks 0-1 / 2-3][token][row] HalfTotals
+  for (int half = 0; half < 2; ++half) {
+    __m512i block_sums[2][T][R];
+    for (int bb = 0; bb < 2; ++bb) {
+      const int b = 2 * half + bb;
+      for (int i = 0; i < R; ++i) {
+        const __m512i z = _mm512_loadu_si512(rows[i] + 64 * b);
+        const __m512i even = _mm512_permutexvar_epi8(z, table);
+        const __m512i odd = _mm512_permutexvar_epi8(_mm512_srli_epi16(z, 4), table);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* ab =
+              x.ab + t * x.ab_token + g * kIntegerGroupBytes + b * kIntegerBlockBytes;
+          __m512i sum = _mm512_setzero_si512();
+          for (int p = kPlanes - 1; p >= 0; --p) {  // h, m, l
+            if (p != kPlanes - 1) sum = _mm512_slli_epi32(sum, 8);
+            sum = _mm512_dpbusd_epi32(sum, even, _mm512_loadu_si512(ab + 64 * p));
+            sum = _mm512_dpbusd_epi32(sum, odd, _mm512_loadu_si512(ab + 64 * (kIntegerPlanes + p)));
+          }
+          block_sums[bb][t][i] = sum;
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < R; ++i)
+        halves[half][t][i] = HalfTotals(block_sums[0][t][i], block_sums[1][t][i]);
   }
   for (int t = 0; t < T; ++t) {
-    const int8_t* ag = x.ab + t * x.ab_token + g * kIntegerGroupBytes;
-    __m512i sums[4];
-    for (int b = 0; b < 4; ++b) {
-      const int8_t* ab = ag + b * kIntegerBlockBytes;
-      __m512i plane_sums[kPlanes];  // [l, m, h]
-      for (int p = 0; p < kPlanes; ++p)
-        plane_sums[p] = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), even[b], _mm512_loadu_si512(ab + 64 * p)),
-            odd[b], _mm512_loadu_si512(ab + 64 * (kIntegerPlanes + p)));
-      sums[b] = _mm512_add_epi32(plane_sums[0], _mm512_slli_epi32(plane_sums[1], 8));
-      if constexpr (kPlanes == 3)
-        sums[b] = _mm512_add_epi32(sums[b], _mm512_slli_epi32(plane_sums[2], 16));
-    }
     const int64_t at = t * x.int_token + g * kLanes;
-    const __m512i totals = _mm512_sub_epi32(ChunkTotals(sums), _mm512_loadu_si512(x.int_corr + at));
+    const __m512i corr = _mm512_loadu_si512(x.int_corr + at);
     // The chunk's unit 2^(shift - 1 + code - 127): exponent field shift + code - 1, in [1, 251].
-    const __m512i field = _mm512_add_epi32(
-        _mm512_add_epi32(_mm512_loadu_si512(x.int_shift + at), codes), _mm512_set1_epi32(-1));
-    const __m512 unit = _mm512_castsi512_ps(_mm512_slli_epi32(field, 23));
-    sums_out[t] = _mm512_mul_ps(_mm512_cvtepi32_ps(totals), unit);
+    const __m512i shift_less_one =
+        _mm512_add_epi32(_mm512_loadu_si512(x.int_shift + at), _mm512_set1_epi32(-1));
+    for (int i = 0; i < R; ++i) {
+      const __m512i totals = _mm512_sub_epi32(ChunkTotals(halves[0][t][i], halves[1][t][i]), corr);
+      const __m512 unit =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(shift_less_one, codes[i]), 23));
+      sums_out[i][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(totals), unit);
+    }
   }
 }
 
-// FP4 row r, whole group g. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte
-// 2 ml + mh / 2 (Fp4ChunkColumn), so one gather of bytes serves a low-nibble slot and the slot 8
-// further on.
-// Integer route (IntegerCodesFit: every chunk's activations are integers that fit and its scale
-// in range): Fp4IntegerGroup.
+// Group g of rows r .. r + R - 1 by Fp4IntegerRows when every chunk of every row takes the
+// integer route (IntegerCodesFit); returns whether it did (else sums is untouched).
+template <int T, int R>
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline bool Fp4IntegerGroup(
+    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, __m512 (*sums)[T],
+    VectorRoutes& routes) {
+  if (x.int_group[g] == 0) return false;
+  const uint8_t* rows[R];
+  __m512i codes[R];
+  for (int i = 0; i < R; ++i) {
+    rows[i] = w.data + (r + i) * (w.cols / 2) + g * (kGroupCols / 2);
+    codes[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(w.scales + (r + i) * w.scale_cols + g * kLanes)));
+    if (!IntegerCodesFit<T>(codes[i], x, g)) return false;
+  }
+  if (x.int_group[g] == 2) {
+    Fp4IntegerRows<T, 2, R>(rows, codes, x, g, sums);
+  } else {
+    Fp4IntegerRows<T, 3, R>(rows, codes, x, g, sums);
+    routes.integer_wide += R;
+  }
+  routes.integer += R;
+  return true;
+}
+
+// FP4 row r, whole group g, when the integer route (Fp4IntegerGroup, which RowSums tries first)
+// does not apply. Chunk j's 16 bytes: slot m = 8 mh + ml is the nibble mh % 2 of byte 2 ml + mh / 2
+// (Fp4ChunkColumn), so one gather of bytes serves a low-nibble slot and the slot 8 further on.
 // Pair route (every chunk scale in the group's exact range): gathered byte pairs look up bf16
 // e2m1 values (kFp4Table), VDPBF16PS sums, the chunk sums are scaled (GroupX).
 // General route: fp32 e2m1 values scaled by the lane's scale exponent (exact, flushed as the
 // tile unit flushes), FMAs.
 template <int T>
-DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(
-    const WeightMatrix& w, int64_t r, int64_t g, const GroupX& x, __m512 (&sums)[T],
-    VectorRoutes& routes, int64_t ahead) {
-  const uint8_t* row = w.data + r * (w.cols / 2);
-  const uint8_t* scale_codes = w.scales + r * w.scale_cols;
-  const uint8_t* p = row + g * (kGroupCols / 2);
-  PrefetchLines(p + ahead, kGroupCols / 2 / 64);
+DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4Group(const WeightMatrix& w,
+                                                                       int64_t r, int64_t g,
+                                                                       const GroupX& x,
+                                                                       __m512 (&sums)[T],
+                                                                       VectorRoutes& routes) {
+  const uint8_t* p = w.data + r * (w.cols / 2) + g * (kGroupCols / 2);
   const __m512i z[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64),
                         _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
   const __m512i codes = _mm512_cvtepu8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_codes + g * kLanes)));
-  if (IntegerCodesFit<T>(codes, x, g)) {
-    if (x.int_group[g] == 2) {
-      Fp4IntegerGroup<T, 2>(z, codes, x, g, sums);
-    } else {
-      Fp4IntegerGroup<T, 3>(z, codes, x, g, sums);
-      ++routes.integer_wide;
-    }
-    ++routes.integer;
-    return;
-  }
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + r * w.scale_cols + g * kLanes)));
   __m512 even[T], odd[T];
   for (int t = 0; t < T; ++t) even[t] = odd[t] = _mm512_setzero_ps();
   __m512 scales = _mm512_set1_ps(1.0f);
@@ -605,7 +649,8 @@ DSINFER_AMX_TARGET void TailRow(const WeightMatrix& w, int64_t r, int64_t c_begi
 // holds, so rows one after another overlapped little; R rows group by group keep R rows' loads
 // and chains in flight (measured: FP8 at one token -13 %, FP4 unchanged; docs/PERF.md), and four
 // rows' chains fold with one set of vector adds (FoldRows4). Eight rows measured no faster. Each
-// row still sums its groups in order, so the bits are unchanged.
+// row still sums its groups in order, so the bits are unchanged. The FP4 integer route goes
+// further and interleaves the four rows' instructions (Fp4IntegerRows).
 constexpr int kInterleavedRows = 4;
 
 // Rows r .. r + R - 1 (R = 1 or kInterleavedRows), group by group, each row's groups in order;
@@ -617,20 +662,26 @@ DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t grou
   // the sums' stores kept the compiler from holding in a register.
   VectorRoutes routes;
   static_assert(R == 1 || R == kInterleavedRows);
+  const int64_t row_bytes = kFp8 ? w.cols : w.cols / 2;
+  const int64_t group_bytes = kFp8 ? kGroupCols : kGroupCols / 2;
   // The same group R rows on: the next block of rows, a whole block's groups ahead in time.
-  const int64_t ahead = R * (kFp8 ? w.cols : w.cols / 2);
+  const int64_t ahead = R * row_bytes;
   __m256 chains[T];  // R = 4: [even chains of rows 0..3 | odd chains], FoldRows4
   if constexpr (R == kInterleavedRows)
     for (int t = 0; t < T; ++t)
       chains[t] = _mm256_setr_ps(acc[0][t][0], acc[1][t][0], acc[2][t][0], acc[3][t][0],
                                  acc[0][t][1], acc[1][t][1], acc[2][t][1], acc[3][t][1]);
   for (int64_t g = 0; g < groups; ++g) {
+    for (int i = 0; i < R; ++i)
+      PrefetchLines(w.data + (r + i) * row_bytes + g * group_bytes + ahead, group_bytes / 64);
     __m512 sums[R][T];
-    for (int i = 0; i < R; ++i) {
+    bool integer = false;  // every row's group took the FP4 integer route
+    if constexpr (!kFp8) integer = Fp4IntegerGroup<T, R>(w, r, g, x, sums, routes);
+    for (int i = 0; i < R && !integer; ++i) {
       if constexpr (kFp8)
-        Fp8Group<T>(w, r + i, g, x, sums[i], routes, ahead);
-      else
-        Fp4Group<T>(w, r + i, g, x, sums[i], routes, ahead);
+        Fp8Group<T>(w, r + i, g, x, sums[i], routes);
+      else if (R == 1 || !Fp4IntegerGroup<T, 1>(w, r + i, g, x, &sums[i], routes))
+        Fp4Group<T>(w, r + i, g, x, sums[i], routes);
     }
     for (int t = 0; t < T; ++t) {
       if constexpr (R == kInterleavedRows)
