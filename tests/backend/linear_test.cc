@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -495,10 +496,13 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
         const int64_t m = 6;                // token rows in x; the kernels read a listed subset
         for (int magnitude : {0, -70, 58})  // rows 4, 5 times 2^magnitude: the exact-range guard
           for (const std::vector<int64_t>& tokens :
-               {std::vector<int64_t>{0}, {5, 2}, {3}, {1, 4}, {4}}) {
+               {std::vector<int64_t>{0}, {5, 2}, {3}, {1, 4}, {4}, {2, 5, 0}, {4, 1, 3}}) {
             auto x = MakeTokens(m, s.cols, true, seed + 1000);
             for (int64_t i = 4 * s.cols; i < m * s.cols; ++i) x[i] = std::ldexp(x[i], magnitude);
-            ASSERT_TRUE(amx::VectorApplies(w.view, static_cast<int64_t>(tokens.size())));
+            // Three tokens: FP4 only (kVectorMaxTokensFp8).
+            const bool applies = tokens.size() <= 2 || s.format == WeightFormat::kFp4Packed;
+            ASSERT_EQ(amx::VectorApplies(w.view, static_cast<int64_t>(tokens.size())), applies);
+            if (!applies) continue;
             std::vector<float> tiles(m * s.rows, 7.0f), vector(m * s.rows, 7.0f);
             amx::MatMulRows(w.view, 0, s.rows, x.data(), tokens, tiles.data(), s.rows, pool,
                             amx::Kernel::kTiles);
@@ -519,14 +523,15 @@ TEST(Linear, VectorKernelsMatchTheTilesBitForBit) {
 
 #ifdef DSINFER_AMX_COMPILED
 // Rows [0, rows) of w for the listed tokens of x through the AMX tile path and through the vector
-// kernels (integer_route: see MatMulRowsVector): tiles and vector [2][rows] (7 where nothing was
-// written). Returns the vector kernels' routes.
+// kernels (integer_route: see MatMulRowsVector): tiles and vector [highest token + 1][rows] (7
+// where nothing was written). Returns the vector kernels' routes.
 amx::internal::VectorRoutes TilesAndVector(const model::WeightMatrix& w, const float* x,
                                            std::span<const int64_t> tokens, ThreadPool& pool,
                                            std::vector<float>* tiles, std::vector<float>* vector,
                                            bool integer_route = true) {
-  tiles->assign(2 * w.rows, 7.0f);
-  vector->assign(2 * w.rows, 7.0f);
+  const int64_t n = *std::max_element(tokens.begin(), tokens.end()) + 1;
+  tiles->assign(n * w.rows, 7.0f);
+  vector->assign(n * w.rows, 7.0f);
   amx::MatMulRows(w, 0, w.rows, x, tokens, tiles->data(), w.rows, pool, amx::Kernel::kTiles);
   amx::internal::VectorRoutes routes;
   amx::internal::MatMulRowsVector(w, 0, w.rows, x, tokens, vector->data(), w.rows, pool, &routes,
@@ -698,11 +703,11 @@ TEST(Linear, Fp4IntegerRouteIsChosenPerRowInsideABlock) {
     w.scales[1 * scale_cols + c] = 1;       // row 1, group 0
     w.scales[6 * scale_cols + 16 + c] = 1;  // row 6, group 1
   }
-  std::vector<float> x(2 * kCols);  // [2, kCols] FP8-quantized, as the experts' inputs are
+  std::vector<float> x(3 * kCols);  // [3, kCols] FP8-quantized, as the experts' inputs are
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
-  for (int t = 0; t < 2; ++t) Fp8RoundTripInPlace(x.data() + t * kCols, kCols, 128);
-  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}}) {
+  for (int t = 0; t < 3; ++t) Fp8RoundTripInPlace(x.data() + t * kCols, kCols, 128);
+  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{0}, {1, 0}, {2, 0, 1}}) {
     std::vector<float> tiles, vector;
     const amx::internal::VectorRoutes routes =
         TilesAndVector(w.view, x.data(), tokens, pool, &tiles, &vector);

@@ -616,7 +616,10 @@ bool RowIsBf16Exact(const float* x, int64_t k) {
 
 bool VectorApplies(const WeightMatrix& w, int64_t n_tokens) {
 #ifdef DSINFER_AMX_COMPILED
-  return w.format != WeightFormat::kBF16 && n_tokens >= 1 && n_tokens <= kVectorMaxTokens;
+  const int64_t most = w.format == WeightFormat::kFp4Packed  ? kVectorMaxTokens
+                       : w.format == WeightFormat::kFp8Block ? kVectorMaxTokensFp8
+                                                             : 0;
+  return n_tokens >= 1 && n_tokens <= most;
 #else
   (void)w, (void)n_tokens;
   return false;
@@ -629,25 +632,28 @@ namespace {
 // CPU whose TDPBF16PS or VDPBF16PS rounded differently would make results depend on the token
 // count, so they are used only after matching the tile path bit for bit on a probe on this
 // machine: FP8 with uniform codes (subnormals: the general route) and trained-like codes (the
-// pair route), FP4; two 512-column groups and a tail chunk; one and two tokens, one of them
-// with per-element magnitudes from 2^-60 to 2^40.
+// pair route), FP4; two 512-column groups and a tail chunk; one, two and (FP4) three tokens,
+// one of them with per-element magnitudes from 2^-60 to 2^40.
 bool VectorMatchesTiles() {
   ThreadPool serial(1);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  constexpr int64_t kRows = 16, kCols = 1056, kTokens = 2;
-  std::vector<float> x(kTokens * kCols);  // [2, kCols]
+  constexpr int64_t kRows = 16, kCols = 1056, kTokens = 3;
+  std::vector<float> x(kTokens * kCols);  // [3, kCols]
   for (int64_t i = 0; i < kTokens * kCols; ++i)
-    x[i] = i < kCols ? normal(rng) : std::ldexp(normal(rng), static_cast<int>(rng() % 101) - 60);
+    x[i] = i < kCols || i >= 2 * kCols
+               ? normal(rng)
+               : std::ldexp(normal(rng), static_cast<int>(rng() % 101) - 60);
   for (int64_t t = 0; t < kTokens; ++t)
     Fp8RoundTripInPlace(x.data() + t * kCols, static_cast<int>(kCols), 128);
-  const std::vector<int64_t> token_sets[] = {{0}, {1}, {0, 1}};
+  const std::vector<int64_t> token_sets[] = {{0}, {1}, {0, 1}, {2, 1, 0}};
   for (int kind = 0; kind < 3; ++kind) {
     const WeightFormat f = kind < 2 ? WeightFormat::kFp8Block : WeightFormat::kFp4Packed;
     const HostWeight w = RandomWeight(
         rng, f, kRows, kCols,
         {.scale_code_lo = 100, .scale_code_hi = 130, .fp8_trained_distribution = kind == 1});
     for (const std::vector<int64_t>& tokens : token_sets) {
+      if (!VectorApplies(w.view, static_cast<int64_t>(tokens.size()))) continue;
       std::vector<float> tiles(kTokens * kRows, 0.0f), vector(kTokens * kRows, 0.0f);
       MatMulRows(w.view, 0, kRows, x.data(), tokens, tiles.data(), kRows, serial, Kernel::kTiles);
       MatMulRows(w.view, 0, kRows, x.data(), tokens, vector.data(), kRows, serial, Kernel::kVector);

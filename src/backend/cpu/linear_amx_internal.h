@@ -107,9 +107,13 @@ alignas(64) inline constexpr std::array<uint16_t, 32> kFp4Table = {
 void ConvertBlock(const model::WeightMatrix& w, int64_t r0, int nr, int64_t b, int n_chunks,
                   const uint32_t* fp4_adds, uint16_t* out);
 
-// The vector kernels' share of MatMulRows (same contract), for FP8/FP4 weights and at most
-// kVectorMaxTokens tokens (measured, docs/PERF.md: at 4 tokens the tile unit is faster again).
-constexpr int kVectorMaxTokens = 2;
+// The vector kernels' share of MatMulRows (same contract), for FP4 weights and at most
+// kVectorMaxTokens tokens, FP8 weights and at most kVectorMaxTokensFp8 (measured, ns per 512
+// weights from L3 on the Sapphire Rapids VM of docs/PERF.md, vector against tiles: FP4 at three
+// tokens w1 35 vs 46, w2 39 vs 38, at four 57 vs 45 and 51 vs 45; FP8 at four tokens the tiles
+// were faster already when the vector route still did FP4 by bf16 pairs).
+constexpr int kVectorMaxTokens = 3;
+constexpr int kVectorMaxTokensFp8 = 2;
 // How many 512-column row groups took each route (linear_amx_vector.cc): for tests and
 // benchmarks that need to know a route ran.
 struct VectorRoutes {

@@ -36,6 +36,7 @@
 
 #include "backend/cpu/linear_amx_internal.h"
 #include "core/prefetch.h"
+#include "core/status.h"
 
 #ifdef DSINFER_AMX_COMPILED
 #include <immintrin.h>
@@ -702,10 +703,10 @@ DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t grou
 template <int T, int R>
 DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
                                 float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
-  if (w.format == WeightFormat::kFp8Block)
-    RowSumsOf<T, R, true>(w, r, groups, x, acc, routes);
-  else
-    RowSumsOf<T, R, false>(w, r, groups, x, acc, routes);
+  if constexpr (T <= kVectorMaxTokensFp8)
+    if (w.format == WeightFormat::kFp8Block)
+      return RowSumsOf<T, R, true>(w, r, groups, x, acc, routes);
+  RowSumsOf<T, R, false>(w, r, groups, x, acc, routes);
 }
 
 // The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
@@ -718,12 +719,28 @@ DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(
   for (int64_t r = r0; r < r1; ++r)
     for (int t = 0; t < n_tok; ++t) acc[r - r0][t][0] = acc[r - r0][t][1] = 0.0f;
   int64_t r = r0;
-  for (; r + kInterleavedRows <= r1; r += kInterleavedRows)
-    n_tok == 1 ? RowSums<1, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes)
-               : RowSums<2, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
-  for (; r < r1; ++r)
-    n_tok == 1 ? RowSums<1, 1>(w, r, groups, x, acc + (r - r0), routes)
-               : RowSums<2, 1>(w, r, groups, x, acc + (r - r0), routes);
+  for (; r + kInterleavedRows <= r1; r += kInterleavedRows) switch (n_tok) {
+      case 1:
+        RowSums<1, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+      case 2:
+        RowSums<2, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+      default:
+        RowSums<3, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+    }
+  for (; r < r1; ++r) switch (n_tok) {
+      case 1:
+        RowSums<1, 1>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+      case 2:
+        RowSums<2, 1>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+      default:
+        RowSums<3, 1>(w, r, groups, x, acc + (r - r0), routes);
+        break;
+    }
   if (groups * kLanes < chunks)
     for (r = r0; r < r1; ++r)
       TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, acc[r - r0]);
@@ -867,6 +884,10 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
                       std::span<const int64_t> tokens, float* y, int64_t ldy, ThreadPool& pool,
                       VectorRoutes* routes, bool integer_route) {
   const int n_tok = static_cast<int>(tokens.size());
+  DSINFER_CHECK_MSG(
+      n_tok >= 1 &&
+          n_tok <= (w.format == WeightFormat::kFp8Block ? kVectorMaxTokensFp8 : kVectorMaxTokens),
+      "MatMulRowsVector: more tokens than the vector kernels take (VectorApplies)");
   const int64_t k = w.cols, chunks = k / kTileK, groups = chunks / kLanes;
   const int64_t c_tail = groups * kLanes, tail = chunks - c_tail;
   // The activations in the tiles' column order (TileOrder): xs [token][group][slot][lane] fp32,
