@@ -11,6 +11,7 @@
 
 #include "backend/cpu/linear_amx_internal.h"
 #include "backend/random_weights.h"
+#include "core/aligned.h"
 #include "core/dtype.h"
 #include "core/prefetch.h"
 #include "core/quant.h"
@@ -520,8 +521,8 @@ DSINFER_AMX_TARGET void RunRowTiles(const WeightMatrix& w, int64_t row_begin, in
   // conversion at all.
   const bool one_pass = n_groups <= kGroupsPerPass;
   const bool bf16 = w.format == WeightFormat::kBF16;
-  std::vector<uint16_t> abuf((one_pass ? (kLookahead + 1) * kPerBlock : chunks) *
-                             kTileElems);  // bf16 A tiles
+  AlignedVector<uint16_t> abuf((one_pass ? (kLookahead + 1) * kPerBlock : chunks) *
+                               kTileElems);  // bf16 A tiles
   std::vector<uint32_t> fp4_adds(w.format == WeightFormat::kFp4Packed ? 2 * kTileRows * chunks
                                                                       : 0);  // [2][16][chunks]
   if (one_pass && !bf16) {
@@ -701,7 +702,7 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   const int64_t b_elems = int64_t{32} * width;  // bf16 per B tile: 16 k-pairs x width x 2
   // B tiles: xv [group][chunk][16 k-pairs][width tokens][2] bf16 (the tile unit's pair
   // layout) in TileOrder; unused token slots of the last group stay zero.
-  std::vector<uint16_t> xv(n_groups * chunks * b_elems, 0);
+  AlignedVector<uint16_t> xv(n_groups * chunks * b_elems, 0);
   for (int64_t slot = 0; slot < n_tok; ++slot) {
     const float* xr = x + tokens[slot] * k;
     uint16_t* base = xv.data() + (slot / width) * chunks * b_elems + (slot % width) * 2;

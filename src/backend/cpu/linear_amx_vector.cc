@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backend/cpu/linear_amx_internal.h"
+#include "core/aligned.h"
 #include "core/prefetch.h"
 #include "core/status.h"
 
@@ -895,8 +896,8 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   // and xt [token][tail chunk][slot] fp32.
   const int64_t xs_token = groups * kGroupCols, xp_token = groups * kPairs * kLanes;
   const int64_t xt_token = tail * kTileK;
-  std::vector<float> xs(n_tok * xs_token), xt(n_tok * xt_token);
-  std::vector<uint32_t> xp(n_tok * xp_token);
+  AlignedVector<float> xs(n_tok * xs_token), xt(n_tok * xt_token);
+  AlignedVector<uint32_t> xp(n_tok * xp_token);
   const bool fp8 = w.format == WeightFormat::kFp8Block;
   const float pair_factor = fp8 ? std::ldexp(1.0f, kFp8PairShift) : 1.0f;  // exact
   // Per group, the exponent fields of the smallest and largest nonzero |x| over the tokens (the
@@ -945,7 +946,7 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   // FP4 integer route (Fp4IntegerGroup): per token and chunk, the activations as integers times
   // 2^shift (shift: the lowest set bit's exponent over the chunk), when they fit.
   const int64_t int_token = groups * kLanes, ab_token = groups * kIntegerGroupBytes;
-  std::vector<int8_t> ab(fp8 ? 0 : n_tok * ab_token, 0);
+  AlignedVector<int8_t> ab(fp8 ? 0 : n_tok * ab_token, 0);
   std::vector<int32_t> int_shift(fp8 ? 0 : n_tok * int_token), int_corr(int_shift.size()),
       int_lo(int_shift.size()), int_hi(int_shift.size());
   std::vector<uint8_t> int_group(groups, fp8 || !integer_route ? 0 : 2);
@@ -976,8 +977,8 @@ void MatMulRowsVector(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
   pool.ParallelForRange(
       n_tiles,
       [&](int64_t ta, int64_t tb) {
-        std::vector<uint16_t> tail_buf(tail > 0 ? (tail / kPerBlock + 1) * kPerBlock * kTileElems
-                                                : 0);  // bf16 A tiles of the tail blocks
+        AlignedVector<uint16_t> tail_buf(tail > 0 ? (tail / kPerBlock + 1) * kPerBlock * kTileElems
+                                                  : 0);  // bf16 A tiles of the tail blocks
         alignas(64) float acc[kRowsPerScope][kVectorMaxTokens][2];
         VectorRoutes task_routes;
         const int64_t r_end = std::min(row_end, row_begin + tb * kTileRows);
