@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -37,6 +39,7 @@ constexpr size_t kCopyChunk = MappedFile::kCopyChunkBytes;
 // covers 512- and 4096-byte blocks. A filesystem that wants more answers EINVAL, and the copy
 // then reads through the page cache.
 constexpr size_t kDirectAlign = 4096;
+constexpr size_t kCacheLineBytes = 64;
 
 // Whether every page of `length` bytes from `mapped` (page-aligned, inside a file mapping) is in
 // the page cache. mincore reports the cache only to the file's owner or a writer; for anyone
@@ -102,7 +105,7 @@ MappedFile::~MappedFile() {
   if (region_ != nullptr) ::munmap(region_, region_size_);
 }
 
-Status MappedFile::CopyIntoMemory() {
+Status MappedFile::CopyIntoMemory(uint64_t cache_line_offset) {
   if (copied_ || data_ == nullptr) {
     copied_ = true;
     return Status::Ok();
@@ -123,9 +126,12 @@ Status MappedFile::CopyIntoMemory() {
     return IoError("cannot allocate " + std::to_string(size_) + " bytes to copy " + path_ +
                    " into memory: " + ErrnoText(errno));
   const auto base = reinterpret_cast<uintptr_t>(region);
-  auto* copy = reinterpret_cast<uint8_t*>((base + kHugePage - 1) & ~(kHugePage - 1));
+  auto* const huge_page = reinterpret_cast<uint8_t*>((base + kHugePage - 1) & ~(kHugePage - 1));
+  // File byte cache_line_offset at a multiple of 64 (the region's slack covers the shift).
+  const size_t shift = (kCacheLineBytes - cache_line_offset % kCacheLineBytes) % kCacheLineBytes;
+  uint8_t* const copy = huge_page + shift;
   // Fewer page faults while copying and fewer TLB misses after; a hint, so failures are fine.
-  (void)::madvise(copy, size_, MADV_HUGEPAGE);
+  (void)::madvise(huge_page, shift + size_, MADV_HUGEPAGE);
 
   // Chunks are handed out one at a time, so threads stay busy whatever each chunk's source.
   const size_t n_chunks = (size_ + kCopyChunk - 1) / kCopyChunk;
@@ -140,14 +146,20 @@ Status MappedFile::CopyIntoMemory() {
     for (size_t t = 0; t < n_threads; ++t)
       threads.emplace_back([&, t] {
         std::vector<unsigned char> residency;
+        // O_DIRECT reads land here first when the copy is shifted off the block alignment.
+        std::unique_ptr<uint8_t, decltype(&std::free)> bounce(nullptr, &std::free);
+        if (shift != 0 && direct_usable.load())
+          bounce.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kCopyChunk)));
         for (size_t chunk; (chunk = next_chunk.fetch_add(1)) < n_chunks;) {
-          const size_t begin = chunk * kCopyChunk;  // a multiple of kDirectAlign, as is `copy`
+          const size_t begin = chunk * kCopyChunk;  // a multiple of kDirectAlign
           const size_t end = std::min(size_, begin + kCopyChunk);
           size_t buffered_from = begin;
           const size_t aligned_end = end / kDirectAlign * kDirectAlign;
-          if (direct_usable.load() && aligned_end > begin &&
+          if (direct_usable.load() && aligned_end > begin && (shift == 0 || bounce != nullptr) &&
               !AllInPageCache(data_ + begin, end - begin, residency)) {
-            const int error = ReadFully(direct_fd, copy + begin, aligned_end - begin, begin);
+            uint8_t* const target = shift == 0 ? copy + begin : bounce.get();
+            const int error = ReadFully(direct_fd, target, aligned_end - begin, begin);
+            if (error == 0 && shift != 0) std::memcpy(copy + begin, target, aligned_end - begin);
             if (error == 0) {
               buffered_from = aligned_end;
               direct_bytes += aligned_end - begin;

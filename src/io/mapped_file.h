@@ -38,7 +38,12 @@ class MappedFile {
   // a cold 12.8 GB checkpoint loaded in 5-6 s instead of 10-15 s, and it does not also fill the
   // page cache, which would double the checkpoint's footprint (docs/PERF.md, "Loading a
   // checkpoint").
-  Status CopyIntoMemory();
+  // cache_line_offset: the file offset to put on a 64-byte boundary (taken modulo 64), e.g. where
+  // most of a checkpoint's tensor bytes start (SafetensorsFile::CopyIntoMemory). Tensors in a
+  // safetensors file are only 8-byte aligned; read from an unaligned copy, every 64-byte vector
+  // load of a weight row splits two cache lines (docs/PERF.md, 2026-12-05, eighth session). With
+  // a nonzero shift each O_DIRECT chunk goes through an aligned bounce buffer.
+  Status CopyIntoMemory(uint64_t cache_line_offset = 0);
   static constexpr size_t kCopyChunkBytes = size_t{8} << 20;  // 2 to 64 MiB measured: 8 best
   bool copied() const { return copied_; }
   // How the copy's bytes were read: past the page cache (O_DIRECT) or through it.

@@ -3,6 +3,7 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -232,6 +233,14 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
 const TensorInfo* SafetensorsFile::Find(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+uint64_t SafetensorsFile::BulkTensorOffset() const {
+  std::array<uint64_t, 64> bytes_at{};  // [file offset % 64] tensor bytes starting there
+  for (const TensorInfo& info : tensors_)
+    bytes_at[(data_offset_ + info.data_begin) % 64] += info.ByteSize();
+  return static_cast<uint64_t>(std::max_element(bytes_at.begin(), bytes_at.end()) -
+                               bytes_at.begin());
 }
 
 TensorRef SafetensorsFile::Ref(const TensorInfo& info) const {

@@ -66,8 +66,13 @@ class SafetensorsFile {
   uint64_t file_size() const { return file_->size(); }
   // For page-cache hints (MappedFile::AdviseWillNeed) over a tensor's file range.
   const MappedFile& mapped_file() const { return *file_; }
-  // MappedFile::CopyIntoMemory: TensorRefs taken before point into the dropped mapping.
-  Status CopyIntoMemory() { return file_->CopyIntoMemory(); }
+  // MappedFile::CopyIntoMemory: TensorRefs taken before point into the dropped mapping. The copy
+  // puts on 64-byte boundaries the tensors that hold most of the bytes (BulkTensorOffset).
+  Status CopyIntoMemory() { return file_->CopyIntoMemory(BulkTensorOffset()); }
+  // The file offset modulo 64 at which the most tensor bytes start (ties: the lowest). Tensors
+  // are only 8-byte aligned in the format, but a checkpoint's large tensors have sizes that are
+  // multiples of 64, so one shift of the copy aligns nearly all of them.
+  uint64_t BulkTensorOffset() const;
   uint64_t data_section_offset() const { return data_offset_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

@@ -187,7 +187,9 @@ size_t CachedPages(const std::string& path, size_t size, size_t offset, size_t l
 // Chunks in the page cache are copied through it; the others are read past it with O_DIRECT,
 // up to the last whole 4096-byte block, and the file's unaligned tail through the cache. The
 // bytes are a hash of their offset, so a chunk read into the wrong place fails the comparison.
-TEST(MappedFileTest, CopyIntoMemoryReadsUncachedChunksPastThePageCache) {
+// With cache_line_offset not a multiple of 64 the copy is shifted off the block alignment
+// O_DIRECT needs, and direct reads go through a bounce buffer.
+void CheckUncachedChunksPastThePageCache(uint64_t cache_line_offset) {
   ScratchDir dir;
   constexpr size_t kChunk = MappedFile::kCopyChunkBytes;
   constexpr size_t kTail = 3 * 4096 + 100;  // the last chunk: three whole blocks and 100 bytes
@@ -210,13 +212,37 @@ TEST(MappedFileTest, CopyIntoMemoryReadsUncachedChunksPastThePageCache) {
 
   auto file = MappedFile::Open(path);
   ASSERT_TRUE(file.ok());
-  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  ASSERT_TRUE((*file)->CopyIntoMemory(cache_line_offset).ok());
   ASSERT_EQ((*file)->size(), want.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*file)->bytes().data() + cache_line_offset) % 64, 0u);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
   EXPECT_EQ((*file)->copy_stats().direct_bytes, kChunk + 3 * 4096);
   EXPECT_EQ((*file)->copy_stats().buffered_bytes, kChunk + 100);
   // The direct reads did not bring the chunks they read into the cache.
   EXPECT_EQ(CachedPages(path, want.size(), kChunk, kChunk), 0u);
+}
+
+TEST(MappedFileTest, CopyIntoMemoryReadsUncachedChunksPastThePageCache) {
+  CheckUncachedChunksPastThePageCache(0);
+}
+
+TEST(MappedFileTest, CopyIntoMemoryShiftedToACacheLineReadsPastThePageCacheToo) {
+  CheckUncachedChunksPastThePageCache(24);
+}
+
+// The copy puts the requested file offset on a 64-byte boundary (modulo 64), same bytes.
+TEST(MappedFileTest, CopyIntoMemoryPutsTheRequestedOffsetOnACacheLine) {
+  for (uint64_t offset : {0u, 8u, 24u, 63u, 64u + 48u}) {
+    ScratchDir dir;
+    std::vector<uint8_t> want(5 * 4096 + 33);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<uint8_t>(i * 77 + offset);
+    WriteBytes(dir.File("f"), want);
+    auto file = MappedFile::Open(dir.File("f"));
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)->CopyIntoMemory(offset).ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*file)->bytes().data() + offset) % 64, 0u) << offset;
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin())) << offset;
+  }
 }
 
 TEST(MappedFileTest, CopyIntoMemoryOfAnEmptyFile) {

@@ -66,6 +66,32 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeAndMetadata) {
   EXPECT_EQ((*file)->Find("empty")->NumElements(), 0);
 }
 
+// The copy into memory puts the tensors holding most of the bytes on 64-byte boundaries: here
+// an 8-byte and a 16-byte tensor first, then three 4 KiB ones (which share one offset modulo 64,
+// 24 bytes past the small ones' start), and the bytes survive the shift.
+TEST(SafetensorsTest, CopyIntoMemoryAlignsTheBulkOfTheTensors) {
+  ScratchDir dir;
+  const std::string path = dir.File("bulk.safetensors");
+  std::vector<OwnedTensor> tensors = {{"a.small", DType::kU8, {8}, PatternBytes(8, 1)},
+                                      {"b.small", DType::kU8, {16}, PatternBytes(16, 2)}};
+  for (int i = 0; i < 3; ++i)
+    tensors.push_back(
+        {"c.big" + std::to_string(i), DType::kBF16, {2048}, PatternBytes(4096, 3 + i)});
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const uint64_t big_start = (*file)->data_section_offset() + 24;
+  EXPECT_EQ((*file)->BulkTensorOffset(), big_start % 64);
+  ASSERT_TRUE((*file)->CopyIntoMemory().ok());
+  for (const OwnedTensor& want : tensors) {
+    const TensorRef ref = (*file)->Ref(*(*file)->Find(want.name));
+    EXPECT_EQ(std::vector<uint8_t>(ref.bytes.begin(), ref.bytes.end()), want.bytes) << want.name;
+    if (want.name.starts_with("c.")) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(ref.bytes.data()) % 64, 0u) << want.name;
+    }
+  }
+}
+
 // Pins the byte layout (compact JSON, __metadata__ first, declaration order, space padding to
 // an 8-byte boundary): checkpoint hashes in golden manifests depend on it.
 TEST(SafetensorsTest, WriterLayoutIsExact) {
