@@ -274,7 +274,36 @@ template <int NA>
 void DotSharedRowsN(const float* a, int64_t lda, const float* const* rows, int64_t n_rows,
                     int64_t n, float* out, int64_t ldo) {
 #ifdef DSINFER_X86_AVX512_ROWS
-  for (int64_t r = 0; r < n_rows; ++r) {
+  // Two rows at a time: 2 NA independent chains instead of NA (an FMA's latency is four of its
+  // issue slots, so NA = 4 chains kept the FMA units half idle), and each query load serves both
+  // rows. Every output keeps its own chain, in Dot's order.
+  int64_t r = 0;
+  for (; r + 2 <= n_rows; r += 2) {
+    const float* b0 = rows[r];
+    const float* b1 = rows[r + 1];
+    __m512 acc0[NA], acc1[NA];  // [acc0 | acc1] of rows r, r + 1
+    for (int j = 0; j < NA; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 bv0 = _mm512_loadu_ps(b0 + i), bv1 = _mm512_loadu_ps(b1 + i);
+      for (int j = 0; j < NA; ++j) {
+        const __m512 av = _mm512_loadu_ps(a + j * lda + i);
+        acc0[j] = _mm512_fmadd_ps(av, bv0, acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(av, bv1, acc1[j]);
+      }
+    }
+    for (int j = 0; j < NA; ++j) {
+      float s0 = fused::HorizontalSum(FoldChains(acc0[j]));
+      float s1 = fused::HorizontalSum(FoldChains(acc1[j]));
+      for (int64_t t = i; t < n; ++t) {
+        s0 += a[j * lda + t] * b0[t];
+        s1 += a[j * lda + t] * b1[t];
+      }
+      out[j * ldo + r] = s0;
+      out[j * ldo + r + 1] = s1;
+    }
+  }
+  for (; r < n_rows; ++r) {
     const float* b = rows[r];
     __m512 acc[NA];  // [acc0 | acc1]
     for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
@@ -319,7 +348,25 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
                      int64_t n, float* y, int64_t ldy) {
   int64_t i = 0;
 #ifdef DSINFER_X86_AVX512_ROWS
-  for (; i + 16 <= n; i += 16) {  // each column its own chain: 16 columns per zmm
+  // Each column its own chain: 16 columns per zmm, two zmm of columns at a time so that 2 NA
+  // chains are in flight (NA alone left the FMA units half idle on latency).
+  for (; i + 32 <= n; i += 32) {
+    __m512 acc0[NA], acc1[NA];
+    for (int j = 0; j < NA; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m512 b0 = _mm512_loadu_ps(rows[r] + i), b1 = _mm512_loadu_ps(rows[r] + i + 16);
+      for (int j = 0; j < NA; ++j) {
+        const __m512 pj = _mm512_set1_ps(p[j * ldp + r]);
+        acc0[j] = _mm512_fmadd_ps(pj, b0, acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(pj, b1, acc1[j]);
+      }
+    }
+    for (int j = 0; j < NA; ++j) {
+      _mm512_storeu_ps(y + j * ldy + i, acc0[j]);
+      _mm512_storeu_ps(y + j * ldy + i + 16, acc1[j]);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
     __m512 acc[NA];
     for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -354,7 +401,7 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
 // f(std::integral_constant<int, n_a>{}) for n_a in 1 .. kSharedRowsMax (larger: the maximum).
 template <typename F>
 void WithSharedCount(int n_a, F&& f) {
-  static_assert(kSharedRowsMax == 4, "the cases below");
+  static_assert(kSharedRowsMax == 4 || kSharedRowsMax == 8, "the cases below");
   switch (n_a) {
     case 1:
       return f(std::integral_constant<int, 1>{});
@@ -362,9 +409,20 @@ void WithSharedCount(int n_a, F&& f) {
       return f(std::integral_constant<int, 2>{});
     case 3:
       return f(std::integral_constant<int, 3>{});
-    default:
+    case 4:
       return f(std::integral_constant<int, 4>{});
   }
+  if constexpr (kSharedRowsMax == 8) {
+    switch (n_a) {
+      case 5:
+        return f(std::integral_constant<int, 5>{});
+      case 6:
+        return f(std::integral_constant<int, 6>{});
+      case 7:
+        return f(std::integral_constant<int, 7>{});
+    }
+  }
+  return f(std::integral_constant<int, kSharedRowsMax>{});
 }
 #endif
 

@@ -26,7 +26,13 @@ float Dot(const float* a, const float* b, int64_t n);
 // Several query vectors against the same rows (V4's heads share one KV head), each row loaded
 // once for all of them: out[j * ldo + r] = Dot(a + j * lda, rows[r], n), bit for bit, for
 // j < n_a <= kSharedRowsMax.
+// Eight where the build has AVX-512 (32 vector registers hold 8 queries' chains for two rows at a
+// time), four with AVX2's 16.
+#ifdef __AVX512F__
+constexpr int kSharedRowsMax = 8;
+#else
 constexpr int kSharedRowsMax = 4;
+#endif
 void DotSharedRows(const float* a, int64_t lda, int n_a, const float* const* rows, int64_t n_rows,
                    int64_t n, float* out, int64_t ldo);
 
