@@ -436,8 +436,11 @@ DSINFER_AMX_TARGET void TilePass(const WeightMatrix& w, int64_t r0, const uint16
 // in one pass each (ng = 1 or 2 groups), converting on the fly. The blocks of consecutive row
 // tiles form one stream: block s + kLookahead is converted into a ring while block s's tile ops
 // run, so the conversion overlaps the tile unit across row tile boundaries too, and tile loads
-// (which do not forward from the store buffer) read stores that have long retired.
-constexpr int kLookahead = 2;
+// (which do not forward from the store buffer) read stores that have retired. One block ahead:
+// with the ring on cache lines (core/aligned.h), FP8 at 16 tokens took 21.2-21.7 ms per decode
+// step's dense matrices at one block, 21.8-22.3 at two, 23.5-24.3 at four (a larger ring
+// crowds L1); FP4 at 16 and 64 tokens the same within noise (docs/PERF.md, eighth session).
+constexpr int kLookahead = 1;
 template <int NG>
 DSINFER_AMX_TARGET void StreamRowTiles(const WeightMatrix& w, int64_t row_begin, int64_t row_end,
                                        int64_t tile_begin, int64_t tile_end, const uint16_t* xv,
