@@ -1,6 +1,7 @@
 // MoE of one V4 layer (spec §6): sqrt(softplus) scores, hash or biased top-k routing, routed
 // experts grouped so each expert's weights are read once for all of its tokens, shared expert.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -29,8 +30,11 @@ void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const fl
       float gv = g[i * inter + j], uv = u[i * inter + j];
       if (nm.round_bf16) gv = RoundBf16(gv), uv = RoundBf16(uv);
       uv = std::clamp(uv, -limit, limit);
-      gv = std::min(gv, limit);
-      float h = gv / (1.0f + std::exp(-gv)) * uv * w;  // routing weight applied before w2
+      // min(gv, L) leaves a gate at or below L as it is: bf16-exact when rounded.
+      const float silu = nm.round_bf16 && gv <= limit
+                             ? SiluOfBf16(static_cast<uint16_t>(std::bit_cast<uint32_t>(gv) >> 16))
+                             : Silu(std::min(gv, limit));
+      float h = silu * uv * w;  // routing weight applied before w2
       g[i * inter + j] = nm.round_bf16 ? RoundBf16(h) : h;
     }
     if (nm.quantize_activations)

@@ -162,6 +162,15 @@ void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float
   std::copy(out.begin(), out.end(), H);
 }
 
+float SiluOfBf16(uint16_t bits) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t b = 0; b < 65536; ++b) t[b] = Silu(Bf16ToF32(static_cast<uint16_t>(b)));
+    return t;
+  }();
+  return table[bits];
+}
+
 void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y,
             bool round_bf16) {
   const int hc = c.hc_mult;
