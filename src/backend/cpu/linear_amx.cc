@@ -705,20 +705,32 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   const int64_t b_elems = int64_t{32} * width;  // bf16 per B tile: 16 k-pairs x width x 2
   // B tiles: xv [group][chunk][16 k-pairs][width tokens][2] bf16 (the tile unit's pair
   // layout) in TileOrder; unused token slots of the last group stay zero.
+  // Made by the pool, chunk ranges per task, each B tile row (one k-pair, every token of the
+  // group) written whole: on the calling thread, token by token, this took ~40 us per call at 16
+  // tokens and 4096 columns, ~2.5 ms of a batch-16 decode step while the other core waited.
   AlignedVector<uint16_t> xv(n_groups * chunks * b_elems, 0);
-  for (int64_t slot = 0; slot < n_tok; ++slot) {
-    const float* xr = x + tokens[slot] * k;
-    uint16_t* base = xv.data() + (slot / width) * chunks * b_elems + (slot % width) * 2;
-    for (int64_t c = 0; c < chunks; ++c) {
-      uint16_t* dst = base + c * b_elems;
-      const ChunkOrder order = TileOrder(w.format, chunks, c);
-      const float* src = xr + order.base;
-      for (int kk = 0; kk < kTileK / 2; ++kk) {
-        dst[kk * width * 2] = Bf16Bits(src[order.offsets[2 * kk]]);
-        dst[kk * width * 2 + 1] = Bf16Bits(src[order.offsets[2 * kk + 1]]);
-      }
-    }
-  }
+  pool.ParallelForRange(
+      chunks,
+      [&](int64_t c0, int64_t c1) {
+        for (int64_t g = 0; g < n_groups; ++g) {
+          const int64_t slots = std::min<int64_t>(width, n_tok - g * width);
+          for (int64_t c = c0; c < c1; ++c) {
+            const ChunkOrder order = TileOrder(w.format, chunks, c);
+            uint16_t* tile = xv.data() + (g * chunks + c) * b_elems;
+            for (int kk = 0; kk < kTileK / 2; ++kk) {
+              const int64_t even = order.base + order.offsets[2 * kk];
+              const int64_t odd = order.base + order.offsets[2 * kk + 1];
+              uint16_t* row = tile + kk * width * 2;
+              for (int64_t j = 0; j < slots; ++j) {
+                const float* xr = x + tokens[g * width + j] * k;
+                row[2 * j] = Bf16Bits(xr[even]);
+                row[2 * j + 1] = Bf16Bits(xr[odd]);
+              }
+            }
+          }
+        }
+      },
+      16);
   const int64_t n_tiles = (row_end - row_begin + kTileRows - 1) / kTileRows;
   pool.ParallelForRange(
       n_tiles,
