@@ -93,8 +93,22 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   // a token or two in decode, where splitting its three small matmuls across the pool costs a
   // synchronisation each. Each element is computed by the same kernel either way, and outputs
   // are summed in expert order below, so results do not depend on the schedule.
+  // At decode sizes the shared expert is one more such task, handed out first (the largest):
+  // alone after the routed ones, its three matmuls at 16 tokens read 75 MB at ~12.5 GB/s (a
+  // batch-16 step on the Sapphire Rapids VM of docs/PERF.md) while the routed phase reads at ~21.
+  // At prefill sizes it is a GEMM worth both cores and runs on the pool after them.
+  constexpr int64_t kSharedAsTaskMaxTokens = 64;
+  const bool shared_as_task = c.n_shared_experts > 0 && T <= kSharedAsTaskMaxTokens;
+  std::vector<float> shared(c.n_shared_experts > 0 ? T * D : 0);  // [T, D]
+  const int64_t first_routed = shared_as_task ? 1 : 0;
   std::vector<std::vector<float>> outputs(used.size());  // [n_used][n, D]
-  pool_.ParallelFor(static_cast<int64_t>(used.size()), [&](int64_t u) {
+  pool_.ParallelFor(first_routed + static_cast<int64_t>(used.size()), [&](int64_t task) {
+    ThreadPool serial(1);  // no worker threads: runs on this task's thread
+    if (task < first_routed) {
+      Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, serial, shared.data());
+      return;
+    }
+    const int64_t u = task - first_routed;
     const int e = used[u];
     const auto& slots = by_expert[e];
     const int64_t n = static_cast<int64_t>(slots.size());
@@ -103,7 +117,6 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
       std::copy_n(xq.data() + (slots[i] / K) * D, D, xe.data() + i * D);
       we[i] = weight[slots[i]];
     }
-    ThreadPool serial(1);  // no worker threads: runs on this task's thread
     outputs[u].resize(n * D);
     Expert(lw.experts[e], xe.data(), n, we.data(), limit, nm, c.act_block, serial,
            outputs[u].data());
@@ -123,8 +136,8 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
     }
   }
   if (c.n_shared_experts > 0) {
-    std::vector<float> shared(T * D);
-    Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, pool_, shared.data());
+    if (!shared_as_task)
+      Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, pool_, shared.data());
     step_stats_.macs += T * lw.shared.Elements();
     for (int64_t i = 0; i < T * D; ++i) acc[i] += shared[i];
   }
