@@ -101,6 +101,13 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   const bool shared_as_task = c.n_shared_experts > 0 && T <= kSharedAsTaskMaxTokens;
   std::vector<float> shared(c.n_shared_experts > 0 ? T * D : 0);  // [T, D]
   const int64_t first_routed = shared_as_task ? 1 : 0;
+  // Experts with the most tokens first, so that the phase ends on one-token ones and the thread
+  // that finishes first waits less; outputs[u] keeps expert order for the sum.
+  std::vector<int64_t> schedule(used.size());  // task -> index into used
+  std::iota(schedule.begin(), schedule.end(), int64_t{0});
+  std::stable_sort(schedule.begin(), schedule.end(), [&](int64_t a, int64_t b) {
+    return by_expert[used[a]].size() > by_expert[used[b]].size();
+  });
   std::vector<std::vector<float>> outputs(used.size());  // [n_used][n, D]
   pool_.ParallelFor(first_routed + static_cast<int64_t>(used.size()), [&](int64_t task) {
     ThreadPool serial(1);  // no worker threads: runs on this task's thread
@@ -108,7 +115,7 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
       Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, serial, shared.data());
       return;
     }
-    const int64_t u = task - first_routed;
+    const int64_t u = schedule[task - first_routed];
     const int e = used[u];
     const auto& slots = by_expert[e];
     const int64_t n = static_cast<int64_t>(slots.size());
