@@ -91,7 +91,6 @@ class CpuModel {
 
  private:
   CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool);
-  struct Scratch;
 
   // One decoder block (attention + MoE with their mHC) over T tokens; H [T, hc, hidden].
   void Block(const model::LayerWeights& lw, std::span<Segment> segments,
