@@ -693,7 +693,7 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   const int64_t n_tok = static_cast<int64_t>(tokens.size());
   if (n_tok == 0 || row_end <= row_begin) return;
   DSINFER_CHECK_MSG(kernel != Kernel::kVector || VectorApplies(w, n_tok),
-                    "the vector kernels take FP8/FP4 weights and at most 2 tokens");
+                    "the vector kernels take FP8 weights at up to 2 tokens, FP4 at up to 3");
   if (kernel == Kernel::kVector ||
       (kernel == Kernel::kAuto && VectorApplies(w, n_tok) && VectorInUse())) {
     MatMulRowsVector(w, row_begin, row_end, x, tokens, y, ldy, pool);

@@ -108,10 +108,11 @@ void ConvertBlock(const model::WeightMatrix& w, int64_t r0, int nr, int64_t b, i
                   const uint32_t* fp4_adds, uint16_t* out);
 
 // The vector kernels' share of MatMulRows (same contract), for FP4 weights and at most
-// kVectorMaxTokens tokens, FP8 weights and at most kVectorMaxTokensFp8 (measured, ns per 512
+// kVectorMaxTokens tokens, FP8 weights and at most kVectorMaxTokensFp8. Measured, ns per 512
 // weights from L3 on the Sapphire Rapids VM of docs/PERF.md, vector against tiles: FP4 at three
-// tokens w1 35 vs 46, w2 39 vs 38, at four 57 vs 45 and 51 vs 45; FP8 at four tokens the tiles
-// were faster already when the vector route still did FP4 by bf16 pairs).
+// tokens w1 35 vs 46, w2 39 vs 38, at four 57 vs 45 and 51 vs 45. FP8 stays at two: its vector
+// route (bf16 pairs) costs per token what FP4's integer route does not, and at four tokens the
+// tiles were already faster when FP4 also took the pairs (docs/PERF.md, third session).
 constexpr int kVectorMaxTokens = 3;
 constexpr int kVectorMaxTokensFp8 = 2;
 // How many 512-column row groups took each route (linear_amx_vector.cc): for tests and
