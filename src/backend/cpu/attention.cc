@@ -346,7 +346,7 @@ void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segme
   for (const auto& sg : segments) {
     // The window rows the segment's queries see: the ring's from the oldest visible position on,
     // then the step's.
-    const int64_t window_rows = sg.start_pos - std::max<int64_t>(0, sg.start_pos - (W - 1)) + sg.n;
+    const int64_t window_rows = std::min<int64_t>(sg.start_pos, W - 1) + sg.n;
     step_stats_.kv_bytes += static_cast<int64_t>(window_rows * hd + sg.layer->compressed.size() +
                                                  sg.layer->index_keys.size()) *
                             4;

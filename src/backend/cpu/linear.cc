@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/linear_amx.h"
@@ -398,31 +399,15 @@ void AxpySharedRowsN(const float* p, int64_t ldp, const float* const* rows, int6
     for (int j = 0; j < NA; ++j) y[j * ldy + i] = AxpyColumn(p + j * ldp, rows, n_rows, i);
 }
 
-// f(std::integral_constant<int, n_a>{}) for n_a in 1 .. kSharedRowsMax (larger: the maximum).
+// f(std::integral_constant<int, n_a>{}) for n_a in 1 .. kSharedRowsMax (others: the maximum).
+template <typename F, int... kCounts>
+void WithSharedCountOf(int n_a, F&& f, std::integer_sequence<int, kCounts...>) {
+  if (n_a < 1 || n_a > kSharedRowsMax) n_a = kSharedRowsMax;
+  ((n_a == kCounts + 1 && (f(std::integral_constant<int, kCounts + 1>{}), true)) || ...);
+}
 template <typename F>
 void WithSharedCount(int n_a, F&& f) {
-  static_assert(kSharedRowsMax == 4 || kSharedRowsMax == 8, "the cases below");
-  switch (n_a) {
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-  }
-  if constexpr (kSharedRowsMax == 8) {
-    switch (n_a) {
-      case 5:
-        return f(std::integral_constant<int, 5>{});
-      case 6:
-        return f(std::integral_constant<int, 6>{});
-      case 7:
-        return f(std::integral_constant<int, 7>{});
-    }
-  }
-  return f(std::integral_constant<int, kSharedRowsMax>{});
+  WithSharedCountOf(n_a, std::forward<F>(f), std::make_integer_sequence<int, kSharedRowsMax>{});
 }
 #endif
 

@@ -701,13 +701,23 @@ DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t grou
   routes_out += routes;
 }
 
-template <int T, int R>
-DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int64_t r, int64_t groups, const GroupX& x,
-                                float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
-  if constexpr (T <= kVectorMaxTokensFp8)
-    if (w.format == WeightFormat::kFp8Block)
-      return RowSumsOf<T, R, true>(w, r, groups, x, acc, routes);
-  RowSumsOf<T, R, false>(w, r, groups, x, acc, routes);
+// RowSumsOf for n_tok tokens (the vector kernels' limits: FP8 up to two, FP4 up to three).
+template <int R>
+DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int n_tok, int64_t r, int64_t groups,
+                                const GroupX& x, float (*acc)[kVectorMaxTokens][2],
+                                VectorRoutes& routes) {
+  static_assert(kVectorMaxTokensFp8 == 2 && kVectorMaxTokens == 3, "the cases below");
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  switch (n_tok) {
+    case 1:
+      return fp8 ? RowSumsOf<1, R, true>(w, r, groups, x, acc, routes)
+                 : RowSumsOf<1, R, false>(w, r, groups, x, acc, routes);
+    case 2:
+      return fp8 ? RowSumsOf<2, R, true>(w, r, groups, x, acc, routes)
+                 : RowSumsOf<2, R, false>(w, r, groups, x, acc, routes);
+    default:
+      return RowSumsOf<3, R, false>(w, r, groups, x, acc, routes);
+  }
 }
 
 // The two chains of rows [r0, r1) (at most kRowsPerScope) for every token: acc [row][token][2].
@@ -720,28 +730,9 @@ DSINFER_AMX_TARGET __attribute__((noinline)) void ChainSums(
   for (int64_t r = r0; r < r1; ++r)
     for (int t = 0; t < n_tok; ++t) acc[r - r0][t][0] = acc[r - r0][t][1] = 0.0f;
   int64_t r = r0;
-  for (; r + kInterleavedRows <= r1; r += kInterleavedRows) switch (n_tok) {
-      case 1:
-        RowSums<1, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-      case 2:
-        RowSums<2, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-      default:
-        RowSums<3, kInterleavedRows>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-    }
-  for (; r < r1; ++r) switch (n_tok) {
-      case 1:
-        RowSums<1, 1>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-      case 2:
-        RowSums<2, 1>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-      default:
-        RowSums<3, 1>(w, r, groups, x, acc + (r - r0), routes);
-        break;
-    }
+  for (; r + kInterleavedRows <= r1; r += kInterleavedRows)
+    RowSums<kInterleavedRows>(w, n_tok, r, groups, x, acc + (r - r0), routes);
+  for (; r < r1; ++r) RowSums<1>(w, n_tok, r, groups, x, acc + (r - r0), routes);
   if (groups * kLanes < chunks)
     for (r = r0; r < r1; ++r)
       TailRow(w, r, groups * kLanes, n_tok, xt, xt_token, tail_buf, acc[r - r0]);
