@@ -526,8 +526,8 @@ DSINFER_AMX_TARGET __attribute__((always_inline)) inline void Fp4IntegerRows(
 // integer route (IntegerCodesFit); returns whether it did (else sums is untouched).
 template <int T, int R>
 DSINFER_AMX_TARGET __attribute__((always_inline)) inline bool Fp4IntegerGroup(
-    const WeightMatrix& w, int64_t r, int64_t stride, int64_t g, const GroupX& x,
-    __m512 (*sums)[T], VectorRoutes& routes) {
+    const WeightMatrix& w, int64_t r, int64_t stride, int64_t g, const GroupX& x, __m512 (*sums)[T],
+    VectorRoutes& routes) {
   if (x.int_group[g] == 0) return false;
   const uint8_t* rows[R];
   __m512i codes[R];
@@ -710,8 +710,8 @@ DSINFER_AMX_TARGET void RowSumsOf(const WeightMatrix& w, int64_t r, int64_t stri
 // RowSumsOf for n_tok tokens (the vector kernels' limits: FP8 up to two, FP4 up to three).
 template <int R>
 DSINFER_AMX_TARGET void RowSums(const WeightMatrix& w, int n_tok, int64_t r, int64_t stride,
-                                int64_t groups, const GroupX& x,
-                                float (*acc)[kVectorMaxTokens][2], VectorRoutes& routes) {
+                                int64_t groups, const GroupX& x, float (*acc)[kVectorMaxTokens][2],
+                                VectorRoutes& routes) {
   static_assert(kVectorMaxTokensFp8 == 2 && kVectorMaxTokens == 3, "the cases below");
   const bool fp8 = w.format == WeightFormat::kFp8Block;
   switch (n_tok) {
