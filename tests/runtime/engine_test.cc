@@ -108,6 +108,47 @@ TEST(Engine, SeededSamplingIsIdenticalAloneAndBatched) {
   EXPECT_NE(RunAlone(q).tokens, alone.tokens);
 }
 
+// The seeded half of the invariance acceptance: the same sampled tokens after preemption by
+// recompute and when the prompt comes from the prefix cache.
+TEST(Engine, SeededSamplingIsIdenticalAfterPreemptionAndAfterAPrefixHit) {
+  RequestParams p = Greedy(Ids(200, 11), 24);
+  p.sampling.temperature = 1.0;
+  p.sampling.top_p = 0.9;
+  p.sampling.seed = 2024;
+  Outcome alone = RunAlone(p, {.enable_prefix_cache = false});
+  ASSERT_EQ(alone.tokens.size(), 24u);
+  RequestParams reseeded = p;  // the tokens depend on the seed: this samples, it is not greedy
+  reseeded.sampling.seed = 2025;
+  EXPECT_NE(RunAlone(reseeded, {.enable_prefix_cache = false}).tokens, alone.tokens);
+  {
+    const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+    ThreadPool pool1(1);
+    auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool1);
+    const int64_t per_seq = (*cpu)->StateBytesAt(230);
+    auto engine =
+        MakeEngine({.kv_cache_bytes = per_seq * 2 + per_seq / 2, .enable_prefix_cache = false});
+    std::vector<std::shared_ptr<RequestStream>> others;
+    for (int i = 0; i < 3; ++i) {
+      RequestParams q = p;
+      q.prompt = Ids(200, 400 + i);
+      q.sampling.seed = 7 + i;
+      others.push_back(*engine->Submit(q));
+    }
+    Outcome preempted = Collect(**engine->Submit(p))[0];
+    for (auto& s : others) Collect(*s);
+    EXPECT_GT(engine->Stats().preemptions_total, 0);
+    EXPECT_EQ(preempted.tokens, alone.tokens);
+  }
+  {
+    auto engine = MakeEngine();
+    Outcome first = Collect(**engine->Submit(p))[0];
+    Outcome second = Collect(**engine->Submit(p))[0];
+    EXPECT_GE(second.usage.cached_prompt_tokens, static_cast<int64_t>(0.9 * p.prompt.size()));
+    EXPECT_EQ(first.tokens, alone.tokens);
+    EXPECT_EQ(second.tokens, alone.tokens);
+  }
+}
+
 TEST(Engine, NSamplesShareThePromptAndSampleZeroMatchesNOne) {
   RequestParams p = Greedy(Ids(30, 9), 12);
   p.sampling.temperature = 1.0;
