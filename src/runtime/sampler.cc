@@ -117,6 +117,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   // weight [n]: exp((logit - max) / T) in [0, 1] (NaN logits weigh 0), the top token's 1; a
   // token is kept by min_p when its weight is at least min_p.
   const float inv_t = static_cast<float>(1.0 / p.temperature);
+  if (!std::isfinite(inv_t)) return ArgMax(logits);  // T below float range: greedy
   // At most 1: the top token (weight exactly 1) is always kept.
   const float min_weight = static_cast<float>(std::clamp(p.min_p, 0.0, 1.0));
   std::vector<float> weight(n);

@@ -129,6 +129,9 @@ TEST(Sampler, TruncationsKeepOnlyTheirTokens) {
   EXPECT_EQ(drawn(min_p), (std::set<int32_t>{1, 2, 5}));
   min_p.min_p = 5.0;  // above 1: the top token alone
   EXPECT_EQ(drawn(min_p), (std::set<int32_t>{1}));
+  SamplingParams tiny_t;  // 1 / T overflows a float: the top token, not a NaN weight
+  tiny_t.temperature = 1e-300;
+  EXPECT_EQ(drawn(tiny_t), (std::set<int32_t>{1}));
   // Banned tokens (-inf) are never drawn, whatever the truncation.
   std::vector<float> banned = logits;
   banned[1] = -INFINITY;
