@@ -192,8 +192,9 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
     if (p.top_logprobs >= 0) {
       TokenLogprob lp;
       lp.token = tok;
-      lp.logprob = LogprobOf(raw, tok);
-      lp.top = TopLogprobs(raw, p.top_logprobs);
+      double log_normalizer = 0.0;
+      lp.logprob = LogprobOf(raw, tok, &log_normalizer);
+      lp.top = TopLogprobs(raw, p.top_logprobs, &log_normalizer);
       ev.logprobs.push_back(std::move(lp));
     }
   }

@@ -210,25 +210,30 @@ void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj,
       if (t >= 0 && t < vocab) logits[t] = -INFINITY;
 }
 
-float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer) {
-  double mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, static_cast<double>(v));
+// log(sum(exp(logits))): the exponentials in float (relative error ~1e-7, below what a float
+// logprob carries), summed in double; a pass in double exponentials took 0.63 ms over 129,280
+// logits, and the engine paid it twice per token (the token's logprob and the top ones).
+double LogSumExp(std::span<const float> logits) {
+  const float mx = MaxLogit(logits);
+  if (!std::isfinite(mx)) return mx;
   double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
-  double lz = mx + std::log(sum);
+  for (float v : logits) sum += std::exp(v - mx);
+  return mx + std::log(sum);
+}
+
+float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer) {
+  const double lz = LogSumExp(logits);
   if (log_normalizer) *log_normalizer = lz;
   return static_cast<float>(logits[token] - lz);
 }
 
-std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k) {
-  double lz;
-  LogprobOf(logits, 0, &lz);
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k,
+                                                   const double* log_normalizer) {
+  const double lz = log_normalizer != nullptr ? *log_normalizer : LogSumExp(logits);
   k = std::min<int>(k, static_cast<int>(logits.size()));
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), ByLogit{logits});
   std::vector<std::pair<int32_t, float>> out;
   for (int i = 0; i < k; ++i) out.push_back({idx[i], static_cast<float>(logits[idx[i]] - lz)});
   return out;

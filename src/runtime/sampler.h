@@ -31,9 +31,14 @@ struct LogitsAdjustments {
 void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj,
                   std::span<const int32_t> prompt, std::span<const int32_t> generated);
 
-// log_softmax(logits)[token] and the top-k (token, logprob) pairs, best first.
+// log(sum(exp(logits))), the log-softmax normalizer.
+double LogSumExp(std::span<const float> logits);
+// log_softmax(logits)[token] (*log_normalizer, when given, receives LogSumExp) and the top-k
+// (token, logprob) pairs, best first (ties: lower id first); log_normalizer, when given, is
+// LogSumExp(logits) already computed.
 float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer = nullptr);
-std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k);
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int k,
+                                                   const double* log_normalizer = nullptr);
 
 // Counter-based generator (splitmix64 of seed and counter): reproducible and order-free.
 double UniformFromCounter(uint64_t seed, uint64_t counter);

@@ -232,6 +232,18 @@ TEST(Sampler, LogprobsAreLogSoftmaxBestFirst) {
   EXPECT_EQ(top[2].first, 2);
   for (const auto& [t, lp] : top) EXPECT_FLOAT_EQ(lp, LogprobOf(logits, t));
   EXPECT_EQ(TopLogprobs(logits, 20).size(), 5u);  // more than the vocabulary: all of it
+  // Float exponentials summed in double, over a real vocabulary: within 1e-6 of a double pass.
+  std::mt19937 rng(11);
+  const std::vector<float> wide = RandomLogits(rng, 129280, 4.0f);
+  const double mx = *std::max_element(wide.begin(), wide.end());
+  double sum = 0.0;
+  for (float l : wide) sum += std::exp(static_cast<double>(l) - mx);
+  EXPECT_NEAR(LogSumExp(wide), mx + std::log(sum), 1e-6);
+  double lz = 0.0;
+  const float lp = LogprobOf(wide, 17, &lz);
+  EXPECT_EQ(lz, LogSumExp(wide));
+  EXPECT_EQ(TopLogprobs(wide, 4, &lz), TopLogprobs(wide, 4));
+  EXPECT_FLOAT_EQ(lp, static_cast<float>(wide[17] - lz));
 }
 
 }  // namespace
