@@ -57,7 +57,7 @@ int RunBenchServe(int argc, char** argv) {
       "dsinfer bench serve --url http://HOST:PORT [--api-key K] [--model NAME] [--num-prompts N] "
       "[--prompts FILE.jsonl] [--input-len LEN] [--output-len LEN] [--vocab N] "
       "[--concurrency 1,4,16 | --request-rate R] "
-      "[--seed S] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
+      "[--seed S] [--temperature T] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
       "[--output-json FILE] [--csv FILE] [--plot-dir DIR] [--timeout S]\n"
       "  LEN: N | uniform:LO:HI | normal:MEAN:STD (per request, seeded, clipped to >= 1)\n"
       "  --prompts: one {\"prompt\": ...} or {\"messages\": [...]} per line, optional "
@@ -65,8 +65,8 @@ int RunBenchServe(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc, argv,
                   {"url", "api-key", "model", "num-prompts", "prompts", "input-len", "output-len",
-                   "vocab", "concurrency", "request-rate", "seed", "endpoint", "slo", "output-json",
-                   "csv", "plot-dir", "timeout"},
+                   "vocab", "concurrency", "request-rate", "seed", "temperature", "endpoint", "slo",
+                   "output-json", "csv", "plot-dir", "timeout"},
                   {}) ||
       !args.Has("url")) {
     std::fprintf(stderr, "%s\nusage: %s\n", args.error().c_str(), usage);
@@ -115,13 +115,17 @@ int RunBenchServe(int argc, char** argv) {
   if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.workload.vocab_hint = static_cast<int>(n);
   if (args.Has("seed") && args.GetInt("seed", &n)) cfg.workload.seed = static_cast<uint64_t>(n);
   if (args.Has("request-rate") && args.GetDouble("request-rate", &d)) cfg.request_rate = d;
+  if (args.Has("temperature") && args.GetDouble("temperature", &d)) cfg.workload.temperature = d;
   if (args.Has("timeout") && args.GetDouble("timeout", &d)) cfg.timeout_s = d;
   if (!args.error().empty()) {
     std::fprintf(stderr, "bench serve: %s\n", args.error().c_str());
     return 2;
   }
-  if (cfg.num_prompts < 1 || cfg.workload.vocab_hint < 12) {
-    std::fprintf(stderr, "bench serve: --num-prompts must be >= 1 and --vocab >= 12\n");
+  if (cfg.num_prompts < 1 || cfg.workload.vocab_hint < 12 ||
+      !(cfg.workload.temperature >= 0 && cfg.workload.temperature <= 2)) {
+    std::fprintf(stderr,
+                 "bench serve: --num-prompts must be >= 1, --vocab >= 12 and --temperature in "
+                 "[0, 2]\n");
     return 2;
   }
   std::string endpoint = args.GetOr("endpoint", "completions");

@@ -324,6 +324,7 @@ std::string ConfigJson(const LoadConfig& cfg, const std::string& url_text,
       {"input_len", w.input_len.text},
       {"output_len", w.output_len.text},
       {"seed", w.seed},
+      {"temperature", w.temperature},
       {"request_rate", cfg.request_rate},
       {"slo_ms", {{"ttft", cfg.slo_ttft_ms}, {"tpot", cfg.slo_tpot_ms}, {"e2e", cfg.slo_e2e_ms}}}};
   if (!w.prompts_source.empty()) {

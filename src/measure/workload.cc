@@ -146,7 +146,8 @@ RequestPlan PlanRequest(const WorkloadConfig& cfg, int level, int index, int num
   Json body = {{"stream", true},
                {"stream_options", {{"include_usage", true}}},
                {"ignore_eos", true},
-               {"temperature", 0}};
+               {"temperature", cfg.temperature}};
+  if (cfg.temperature > 0) body["seed"] = RequestSeed(cfg.seed, level, index) & 0x7fffffff;
   if (!cfg.model.empty()) body["model"] = cfg.model;
   int max_tokens = SampleLength(cfg.output_len, rng);
   if (!cfg.prompts.empty()) {

@@ -47,6 +47,9 @@ struct WorkloadConfig {
   LengthSpec output_len{LengthSpec::Kind::kFixed, 16, 0, "16"};  // max_tokens, with ignore_eos
   int vocab_hint = 1000;  // synthetic token ids are drawn from [10, vocab_hint)
   uint64_t seed = 0;
+  // 0: greedy. Above 0 each request also carries a seed of its own (from seed, level and
+  // index), so a sampled run repeats; sampling has a cost of its own on the engine thread.
+  double temperature = 0.0;
   std::vector<PromptEntry> prompts;  // non-empty: requests take these instead of synthetic ones
   std::string prompts_source;        // the prompts file's path, for the report
 };

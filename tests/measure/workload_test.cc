@@ -113,11 +113,25 @@ TEST(Workload, SyntheticBodyAsksForAStreamWithUsageAndTheLengths) {
   EXPECT_EQ(body["stream_options"]["include_usage"], true);
   EXPECT_EQ(body["max_tokens"], 5);
   EXPECT_EQ(body["ignore_eos"], true);
+  EXPECT_EQ(body["temperature"], 0);  // greedy unless asked
+  EXPECT_FALSE(body.contains("seed"));
   ASSERT_EQ(body["prompt"].size(), 12u);
   for (const Json& id : body["prompt"]) {
     EXPECT_GE(id.get<int>(), 10);
     EXPECT_LT(id.get<int>(), 50);
   }
+}
+
+TEST(Workload, SampledRequestsCarryTheTemperatureAndASeedOfTheirOwn) {
+  WorkloadConfig cfg;
+  cfg.seed = 3;
+  cfg.temperature = 0.8;
+  const Json a = Json::parse(PlanRequest(cfg, 0, 0, 4).body);
+  const Json b = Json::parse(PlanRequest(cfg, 0, 1, 4).body);
+  EXPECT_EQ(a["temperature"], 0.8);
+  ASSERT_TRUE(a.contains("seed") && b.contains("seed"));
+  EXPECT_NE(a["seed"], b["seed"]);
+  EXPECT_EQ(a["seed"], Json::parse(PlanRequest(cfg, 0, 0, 4).body)["seed"]);  // repeatable
 }
 
 TEST(LengthSpec, ParsesTheThreeFormsAndRejectsBadOnes) {
