@@ -17,6 +17,31 @@ double UniformFromCounter(uint64_t seed, uint64_t counter) {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
 }
 
+float ExpNonPositive(float x) {
+  // exp(x) = 2^n exp(r), n = x / ln 2 rounded to nearest (by adding and taking away 1.5 * 2^23,
+  // which needs no rounding call), |r| <= ln(2) / 2, r from a two-part ln 2 (Cody and Waite:
+  // n * kLn2High is exact for |n| < 2^8), exp(r) by its Taylor series to r^7 (the remainder
+  // below 1.3e-8 relative), 2^n as 2^(n + 64) 2^-64 so that results down to 2^-149 round once
+  // as subnormals.
+  constexpr float kLog2E = 1.44269504f, kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;
+  constexpr float kRound = 12582912.0f;             // 1.5 * 2^23
+  const float clamped = x < -104.0f ? -104.0f : x;  // NaN stays NaN
+  const float n = (clamped * kLog2E + kRound) - kRound;
+  const float r = (clamped - n * kLn2High) - n * kLn2Low;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 64 + 127)
+                                           << 23);  // 2^(n + 64), n in [-150, 0]
+  const float value = p * scale * 0x1p-64f;
+  return x <= -104.0f ? 0.0f : value;
+}
+
 namespace {
 
 // The sampler's token order: larger logit first, lower id on ties.
@@ -26,6 +51,28 @@ struct ByLogit {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   }
 };
+
+// weight[i] = ExpNonPositive((logits[i] - mx) * inv_t), NaN as 0, for i < logits.size(); returns
+// their sum, in eight interleaved partial sums added in lane order (one running sum was a chain
+// of dependent adds as long as the vocabulary). weight may be null: the sum alone. In blocks, so
+// that the exponentials (no sum, no branch) vectorize apart from the adds.
+double Weights(std::span<const float> logits, float mx, float inv_t, float* weight) {
+  constexpr size_t kBlock = 256, kWays = 8;
+  float block[kBlock];
+  double partial[kWays] = {};
+  for (size_t b = 0; b < logits.size(); b += kBlock) {
+    const size_t len = std::min(kBlock, logits.size() - b);
+    float* out = weight != nullptr ? weight + b : block;
+    for (size_t i = 0; i < len; ++i) {
+      const float e = ExpNonPositive((logits[b + i] - mx) * inv_t);
+      out[i] = e >= 0.0f ? e : 0.0f;
+    }
+    for (size_t i = 0; i < len; ++i) partial[(b + i) % kWays] += out[i];
+  }
+  double sum = 0.0;
+  for (double v : partial) sum += v;
+  return sum;
+}
 
 // The largest logit, NaN ignored unless logits[0] is NaN. Eight running maxima instead of one:
 // a single chain of dependent compares was ~0.4 ms over a 129,280-token vocabulary, per token.
@@ -52,10 +99,26 @@ int WeightBucket(float e) {
 }
 
 // Candidates with top_k: the k best tokens, in order; the original algorithm on them.
-int32_t SampleTopK(std::span<const float> logits, const SamplingParams& p, double u) {
+int32_t SampleTopK(std::span<const float> logits, const SamplingParams& p, float max_logit,
+                   double u) {
   const size_t n = logits.size(), keep0 = std::min<size_t>(n, static_cast<size_t>(p.top_k));
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
+  // Candidates: the tokens within `margin` of the largest logit, the margin doubled until they
+  // are at least k (a counting pass each); every token when the margin runs out. Selecting among
+  // them gives the k best of all, since any token outside is below every candidate.
+  std::vector<int32_t> order;
+  for (float margin = 1.0f; std::isfinite(margin) && order.empty(); margin *= 2.0f) {
+    const float floor = max_logit - margin;
+    size_t count = 0;
+    for (float v : logits) count += v >= floor ? 1 : 0;
+    if (count < keep0) continue;
+    order.reserve(count);
+    for (size_t i = 0; i < n; ++i)
+      if (logits[i] >= floor) order.push_back(static_cast<int32_t>(i));
+  }
+  if (order.empty()) {
+    order.resize(n);
+    std::iota(order.begin(), order.end(), 0);
+  }
   std::nth_element(order.begin(), order.begin() + (keep0 - 1), order.end(), ByLogit{logits});
   std::sort(order.begin(), order.begin() + keep0, ByLogit{logits});
   const double inv_t = 1.0 / p.temperature;
@@ -112,7 +175,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   const double u = UniformFromCounter(p.seed, step);
   const float mx = MaxLogit(logits);
   if (!std::isfinite(mx)) return ArgMax(logits);  // +inf wins outright; all -inf: nothing better
-  if (p.top_k > 0) return SampleTopK(logits, p, u);
+  if (p.top_k > 0) return SampleTopK(logits, p, mx, u);
   const size_t n = logits.size();
   // weight [n]: exp((logit - max) / T) in [0, 1] (NaN logits weigh 0), the top token's 1; a
   // token is kept by min_p when its weight is at least min_p.
@@ -121,17 +184,24 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   // At most 1: the top token (weight exactly 1) is always kept.
   const float min_weight = static_cast<float>(std::clamp(p.min_p, 0.0, 1.0));
   std::vector<float> weight(n);
-  double total = 0.0, kept_total = 0.0;          // over all tokens / the min_p-kept ones, by id
-  std::array<double, kBuckets> bucket_weight{};  // of the kept tokens
+  const double total = Weights(logits, mx, inv_t, weight.data());
+  // The kept tokens' weight, in all (the same eight partial sums) and per bucket (four sets of
+  // buckets, by id, so that a bucket's adds are four chains instead of one).
+  constexpr int kWays = 8, kBucketSets = 4;
+  double kept_partial[kWays] = {};
+  double bucket_sets[kBucketSets][kBuckets] = {};
   for (size_t i = 0; i < n; ++i) {
-    const float e = std::exp((logits[i] - mx) * inv_t);
-    weight[i] = e >= 0.0f ? e : 0.0f;
-    total += weight[i];
-    if (weight[i] >= min_weight && weight[i] > 0.0f) {
-      kept_total += weight[i];
-      bucket_weight[WeightBucket(weight[i])] += weight[i];
+    const float e = weight[i];
+    if (e >= min_weight && e > 0.0f) {
+      kept_partial[i % kWays] += e;
+      bucket_sets[i % kBucketSets][WeightBucket(e)] += e;
     }
   }
+  double kept_total = 0.0;
+  for (double v : kept_partial) kept_total += v;
+  std::array<double, kBuckets> bucket_weight{};
+  for (int b = 0; b < kBuckets; ++b)
+    for (const auto& set : bucket_sets) bucket_weight[b] += set[b];
   const bool nucleus = p.top_p < 1.0;
   // The prefix weight to reach: top_p of all tokens' weight, or the sample's point in the kept.
   const double target = nucleus ? p.top_p * total : u * kept_total;
@@ -216,9 +286,7 @@ void AdjustLogits(std::span<float> logits, const LogitsAdjustments& adj,
 double LogSumExp(std::span<const float> logits) {
   const float mx = MaxLogit(logits);
   if (!std::isfinite(mx)) return mx;
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(v - mx);
-  return mx + std::log(sum);
+  return mx + std::log(Weights(logits, mx, 1.0f, nullptr));
 }
 
 float LogprobOf(std::span<const float> logits, int32_t token, double* log_normalizer) {

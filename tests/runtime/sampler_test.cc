@@ -18,27 +18,67 @@ namespace {
 // (float, as Sample computes them), min_p keeps weights >= min_p, top_p keeps the shortest
 // prefix of the order (logit descending, id ascending) whose weight reaches top_p of the total,
 // and the sample is the first token of the kept prefix whose running weight passes u times the
-// kept weight. Totals over all tokens or all min_p-kept tokens are summed by id, prefixes in
-// order, as in Sample. Here every token is sorted.
+// kept weight. Totals over all tokens or all min_p-kept tokens are summed in eight partial sums
+// by id, prefixes in order, as in Sample. Here every token is sorted.
 int32_t SampleBySortingEverything(std::span<const float> logits, const SamplingParams& p,
                                   uint64_t step) {
   const double u = UniformFromCounter(p.seed, step);
+  if (p.top_k > 0) {  // the k best in order, softmax over them in double, min_p, top_p, draw
+    std::vector<int32_t> all(logits.size());
+    std::iota(all.begin(), all.end(), 0);
+    std::sort(all.begin(), all.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    all.resize(std::min<size_t>(all.size(), static_cast<size_t>(p.top_k)));
+    std::vector<double> prob;
+    double sum = 0.0;
+    for (int32_t t : all) {
+      prob.push_back(std::exp((logits[t] - logits[all[0]]) * (1.0 / p.temperature)));
+      sum += prob.back();
+    }
+    for (double& v : prob) v /= sum;
+    size_t keep = all.size();
+    if (p.min_p > 0.0) {
+      size_t k = 1;
+      while (k < keep && prob[k] >= p.min_p * prob[0]) ++k;
+      keep = k;
+    }
+    if (p.top_p < 1.0) {
+      double cum = 0.0;
+      size_t k = 0;
+      while (k < keep) {
+        cum += prob[k++];
+        if (cum >= p.top_p) break;
+      }
+      keep = std::max<size_t>(1, k);
+    }
+    double total = 0.0;
+    for (size_t i = 0; i < keep; ++i) total += prob[i];
+    double target = u * total;
+    for (size_t i = 0; i < keep; ++i) {
+      target -= prob[i];
+      if (target < 0.0) return all[i];
+    }
+    return all[keep - 1];
+  }
   const float mx = *std::max_element(logits.begin(), logits.end());
   const float inv_t = static_cast<float>(1.0 / p.temperature);
   const float min_weight = static_cast<float>(std::clamp(p.min_p, 0.0, 1.0));
   const size_t n = logits.size();
   std::vector<float> weight(n);
-  double total = 0.0, kept_total = 0.0;
+  double total_lanes[8] = {}, kept_lanes[8] = {};  // Sample's eight partial sums, by id
   std::vector<int32_t> order;
   for (size_t i = 0; i < n; ++i) {
-    const float e = std::exp((logits[i] - mx) * inv_t);
+    const float e = ExpNonPositive((logits[i] - mx) * inv_t);
     weight[i] = e >= 0.0f ? e : 0.0f;
-    total += weight[i];
+    total_lanes[i % 8] += weight[i];
     if (weight[i] >= min_weight && weight[i] > 0.0f) {
-      kept_total += weight[i];
+      kept_lanes[i % 8] += weight[i];
       order.push_back(static_cast<int32_t>(i));
     }
   }
+  double total = 0.0, kept_total = 0.0;
+  for (int lane = 0; lane < 8; ++lane) total += total_lanes[lane], kept_total += kept_lanes[lane];
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
@@ -65,6 +105,24 @@ std::vector<float> RandomLogits(std::mt19937& rng, size_t n, float spread) {
   std::vector<float> logits(n);
   for (float& v : logits) v = normal(rng);
   return logits;
+}
+
+TEST(Sampler, ExpNonPositiveIsWithinTwoTenMillionthsOfExp) {
+  double worst = 0.0;
+  for (float x = 0.0f; x > -87.0f; x = std::nextafter(x - 1e-3f * std::fabs(x) - 1e-6f, -100.0f)) {
+    const double exact = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(ExpNonPositive(x) - exact) / exact);
+  }
+  EXPECT_LT(worst, 2e-7);
+  EXPECT_EQ(ExpNonPositive(0.0f), 1.0f);
+  EXPECT_EQ(ExpNonPositive(-0.0f), 1.0f);
+  // Subnormal results: within one step of 2^-149.
+  for (float x = -87.5f; x > -103.9f; x -= 0.37f)
+    EXPECT_NEAR(ExpNonPositive(x), std::exp(static_cast<double>(x)), 0x1p-149) << x;
+  EXPECT_EQ(ExpNonPositive(-104.0f), 0.0f);
+  EXPECT_EQ(ExpNonPositive(-1e30f), 0.0f);
+  EXPECT_EQ(ExpNonPositive(-INFINITY), 0.0f);
+  EXPECT_TRUE(std::isnan(ExpNonPositive(NAN)));
 }
 
 TEST(Sampler, GreedyTakesTheFirstLargestLogit) {
@@ -149,21 +207,25 @@ TEST(Sampler, BucketedCandidatesPickWhatSortingEverythingPicks) {
   struct Case {
     double temperature, top_p, min_p;
     float spread;
+    int top_k = 0;
   };
-  const Case cases[] = {{1.0, 1.0, 0.0, 3.0f},  {0.8, 0.95, 0.0, 3.0f}, {1.0, 0.9, 0.05, 6.0f},
-                        {1.5, 1.0, 0.1, 1.0f},  {0.6, 0.5, 0.0, 10.0f}, {2.0, 0.999, 0.0, 0.3f},
-                        {1.0, 1.0, 0.0, 40.0f}, {0.7, 0.8, 0.0, 0.0f}};
+  const Case cases[] = {
+      {1.0, 1.0, 0.0, 3.0f},       {0.8, 0.95, 0.0, 3.0f},   {1.0, 0.9, 0.05, 6.0f},
+      {1.5, 1.0, 0.1, 1.0f},       {0.6, 0.5, 0.0, 10.0f},   {2.0, 0.999, 0.0, 0.3f},
+      {1.0, 1.0, 0.0, 40.0f},      {0.7, 0.8, 0.0, 0.0f},    {0.8, 1.0, 0.0, 3.0f, 50},
+      {1.0, 0.9, 0.02, 0.01f, 40}, {1.0, 1.0, 0.0, 0.0f, 7}, {1.2, 1.0, 0.0, 100.0f, 1000}};
   for (const Case& c : cases) {
     const std::vector<float> logits = RandomLogits(rng, 129280, c.spread);
     SamplingParams p;
     p.temperature = c.temperature;
     p.top_p = c.top_p;
     p.min_p = c.min_p;
+    p.top_k = c.top_k;
     p.seed = rng();
     for (uint64_t step = 0; step < 24; ++step)
       ASSERT_EQ(Sample(logits, p, step), SampleBySortingEverything(logits, p, step))
-          << "T " << c.temperature << " top_p " << c.top_p << " min_p " << c.min_p << " spread "
-          << c.spread << " step " << step;
+          << "T " << c.temperature << " top_p " << c.top_p << " min_p " << c.min_p << " top_k "
+          << c.top_k << " spread " << c.spread << " step " << step;
   }
 }
 
