@@ -25,7 +25,7 @@ float ExpNonPositive(float x) {
   // as subnormals.
   constexpr float kLog2E = 1.44269504f, kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;
   constexpr float kRound = 12582912.0f;             // 1.5 * 2^23
-  const float clamped = x < -104.0f ? -104.0f : x;  // NaN stays NaN
+  const float clamped = x > -104.0f ? x : -104.0f;  // NaN too: n stays a small integer
   const float n = (clamped * kLog2E + kRound) - kRound;
   const float r = (clamped - n * kLn2High) - n * kLn2Low;
   float p = 1.0f / 5040.0f;
@@ -39,7 +39,7 @@ float ExpNonPositive(float x) {
   const float scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 64 + 127)
                                            << 23);  // 2^(n + 64), n in [-150, 0]
   const float value = p * scale * 0x1p-64f;
-  return x <= -104.0f ? 0.0f : value;
+  return x > -104.0f ? value : 0.0f;
 }
 
 namespace {
@@ -52,7 +52,7 @@ struct ByLogit {
   }
 };
 
-// weight[i] = ExpNonPositive((logits[i] - mx) * inv_t), NaN as 0, for i < logits.size(); returns
+// weight[i] = ExpNonPositive((logits[i] - mx) * inv_t) (0 for NaN) for i < logits.size(); returns
 // their sum, in eight interleaved partial sums added in lane order (one running sum was a chain
 // of dependent adds as long as the vocabulary). weight may be null: the sum alone. In blocks, so
 // that the exponentials (no sum, no branch) vectorize apart from the adds.
@@ -63,10 +63,7 @@ double Weights(std::span<const float> logits, float mx, float inv_t, float* weig
   for (size_t b = 0; b < logits.size(); b += kBlock) {
     const size_t len = std::min(kBlock, logits.size() - b);
     float* out = weight != nullptr ? weight + b : block;
-    for (size_t i = 0; i < len; ++i) {
-      const float e = ExpNonPositive((logits[b + i] - mx) * inv_t);
-      out[i] = e >= 0.0f ? e : 0.0f;
-    }
+    for (size_t i = 0; i < len; ++i) out[i] = ExpNonPositive((logits[b + i] - mx) * inv_t);
     for (size_t i = 0; i < len; ++i) partial[(b + i) % kWays] += out[i];
   }
   double sum = 0.0;
