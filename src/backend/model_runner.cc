@@ -52,6 +52,9 @@ class CpuRunner final : public ModelRunner {
     }
     return model_->ForwardBatch(cpu_chunks);
   }
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) override {
+    pool_.ParallelFor(n, fn);
+  }
 
  private:
   ThreadPool pool_;  // outlives model_ (declared first)

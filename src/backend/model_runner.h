@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,6 +53,12 @@ class ModelRunner {
   // Runs every chunk in one batched step (cpu::CpuModel::ForwardBatch's contract); a bad
   // argument fails before any state changes.
   virtual Status ForwardBatch(std::span<RunnerChunk> chunks) = 0;
+  // fn(0) .. fn(n - 1), on the runner's host threads where it has them, idle between steps (the
+  // engine's per-sequence sampling); fn must be safe to run concurrently for different indices.
+  // Without host threads of its own, one after another on the caller's.
+  virtual void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  }
 };
 
 // The CPU backend: a CpuModel over its own thread pool of n_threads (0: every core).

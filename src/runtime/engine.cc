@@ -116,7 +116,23 @@ struct Engine::Impl {
   void Loop();
   bool Step();
   void Admit(std::vector<Sequence*>& batch, std::vector<int64_t>& counts, int64_t& budget);
+  // The token s draws from this step's logits, and its logprobs when asked for: a pure function of
+  // s and the logits (the seed, the step, the penalties' history), so the draws of one step run
+  // in parallel (Step) and give what each gives alone.
+  struct Draw {
+    int32_t token = 0;
+    bool has_logprob = false;
+    TokenLogprob logprob;
+  };
+  Draw DrawToken(const Sequence& s, std::span<const float> raw) const;
+  // The draw's token into s's stream and state: stop and length checks, usage, finishing.
+  void Emit(Sequence& s, Draw draw);
+  // Forks an n > 1 request's other samples at its first token, then draws and emits.
   void Sample(Sequence& s, std::span<const float> logits);
+  // Whether Sample would fork s (the draws of such a sequence stay on the engine thread).
+  static bool Forks(const Sequence& s) {
+    return s.req->params.n > 1 && !s.forked && s.index == 0 && s.generated.empty();
+  }
   void PublishStats();
 };
 
@@ -142,7 +158,7 @@ void Engine::Impl::PublishStats() {
 void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   const RequestParams& p = s.req->params;
   // n > 1: the prompt was computed once; fork the other samples from its state now.
-  if (p.n > 1 && !s.forked && s.index == 0 && s.generated.empty()) {
+  if (Forks(s)) {
     s.forked = true;
     for (int i = 1; i < p.n; ++i) {
       auto copy = std::make_unique<Sequence>();
@@ -163,6 +179,11 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
       Sample(c, raw);
     }
   }
+  Emit(s, DrawToken(s, raw));
+}
+
+Engine::Impl::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
+  const RequestParams& p = s.req->params;
   std::vector<float> logits(raw.begin(), raw.end());
   std::vector<int32_t> banned;
   const int eos = weights.config().eos_token_id;
@@ -175,7 +196,22 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), s.generated);
   SamplingParams sp = p.sampling;
   sp.seed = SampleSeed(s.req->seed, s.index);
-  int32_t tok = runtime::Sample(logits, sp, s.generated.size());
+  Draw draw;
+  draw.token = runtime::Sample(logits, sp, s.generated.size());
+  if (p.top_logprobs >= 0) {
+    draw.has_logprob = true;
+    draw.logprob.token = draw.token;
+    double log_normalizer = 0.0;
+    draw.logprob.logprob = LogprobOf(raw, draw.token, &log_normalizer);
+    draw.logprob.top = TopLogprobs(raw, p.top_logprobs, &log_normalizer);
+  }
+  return draw;
+}
+
+void Engine::Impl::Emit(Sequence& s, Draw draw) {
+  const RequestParams& p = s.req->params;
+  const int eos = weights.config().eos_token_id;
+  const int32_t tok = draw.token;
 
   StreamEvent ev;
   ev.index = s.index;
@@ -189,14 +225,7 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   s.generated.push_back(tok);
   if (!is_stop) {
     ev.tokens.push_back(tok);
-    if (p.top_logprobs >= 0) {
-      TokenLogprob lp;
-      lp.token = tok;
-      double log_normalizer = 0.0;
-      lp.logprob = LogprobOf(raw, tok, &log_normalizer);
-      lp.top = TopLogprobs(raw, p.top_logprobs, &log_normalizer);
-      ev.logprobs.push_back(std::move(lp));
-    }
+    if (draw.has_logprob) ev.logprobs.push_back(std::move(draw.logprob));
   }
   int64_t total_len = static_cast<int64_t>(s.tokens.size()) + 1;
   bool length = static_cast<int>(s.generated.size()) >= p.max_tokens ||
@@ -371,8 +400,22 @@ bool Engine::Impl::Step() {
           }
         }
       }
-      if (chunks[i].options.want_logits) Sample(s, outs[i].logits);
     }
+    // The draws: forking sequences on this thread, the rest in parallel on the runner's idle
+    // threads (each draw is a pure function of its sequence), emitted in batch order after.
+    std::vector<size_t> parallel;  // indices into batch
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!chunks[i].options.want_logits) continue;
+      if (Forks(*batch[i]))
+        Sample(*batch[i], outs[i].logits);
+      else
+        parallel.push_back(i);
+    }
+    std::vector<Draw> draws(parallel.size());
+    model->ParallelFor(static_cast<int64_t>(parallel.size()), [&](int64_t k) {
+      draws[k] = DrawToken(*batch[parallel[k]], outs[parallel[k]].logits);
+    });
+    for (size_t k = 0; k < parallel.size(); ++k) Emit(*batch[parallel[k]], std::move(draws[k]));
   }
   running.remove_if([](const auto& s) { return s->state == nullptr; });
   return true;
