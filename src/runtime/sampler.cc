@@ -180,6 +180,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   if (!std::isfinite(inv_t)) return ArgMax(logits);  // T below float range: greedy
   // At most 1: the top token (weight exactly 1) is always kept.
   const float min_weight = static_cast<float>(std::clamp(p.min_p, 0.0, 1.0));
+  auto kept = [min_weight](float e) { return e >= min_weight && e > 0.0f; };
   std::vector<float> weight(n);
   const double total = Weights(logits, mx, inv_t, weight.data());
   // The kept tokens' weight, in all (the same eight partial sums) and per bucket (four sets of
@@ -189,7 +190,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   double bucket_sets[kBucketSets][kBuckets] = {};
   for (size_t i = 0; i < n; ++i) {
     const float e = weight[i];
-    if (e >= min_weight && e > 0.0f) {
+    if (kept(e)) {
       kept_partial[i % kWays] += e;
       bucket_sets[i % kBucketSets][WeightBucket(e)] += e;
     }
@@ -210,7 +211,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   auto collect = [&](int up_to_bucket) {
     std::vector<int32_t> order;
     for (size_t i = 0; i < n; ++i)
-      if (weight[i] >= min_weight && weight[i] > 0.0f && WeightBucket(weight[i]) <= up_to_bucket)
+      if (kept(weight[i]) && WeightBucket(weight[i]) <= up_to_bucket)
         order.push_back(static_cast<int32_t>(i));
     std::sort(order.begin(), order.end(), ByLogit{logits});
     return order;
@@ -226,25 +227,25 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
     }
     return 0;
   };
-  size_t keep = order.size();
-  if (nucleus) {
-    size_t k = prefix_reaching(target, false);
+  // prefix_reaching on the bucketed candidates, widened to every kept token when they fall short.
+  auto reaching_target = [&](bool past) {
+    size_t k = prefix_reaching(target, past);
     if (k == 0 && last_bucket < kBuckets - 1) {
-      order = collect(kBuckets - 1);
-      k = prefix_reaching(target, false);
+      last_bucket = kBuckets - 1;
+      order = collect(last_bucket);
+      k = prefix_reaching(target, past);
     }
-    keep = k == 0 ? order.size() : k;  // short of top_p even with every kept token: all of them
-    order.resize(keep);
+    return k;
+  };
+  if (nucleus) {
+    const size_t k = reaching_target(false);
+    if (k > 0) order.resize(k);  // else short of top_p even with every kept token: all of them
     double nucleus_total = 0.0;
     for (int32_t t : order) nucleus_total += weight[t];
     const size_t pick = prefix_reaching(u * nucleus_total, true);
-    return order[pick == 0 ? keep - 1 : pick - 1];
+    return order[pick == 0 ? order.size() - 1 : pick - 1];
   }
-  size_t pick = prefix_reaching(target, true);
-  if (pick == 0 && last_bucket < kBuckets - 1) {
-    order = collect(kBuckets - 1);
-    pick = prefix_reaching(target, true);
-  }
+  const size_t pick = reaching_target(true);
   return order[pick == 0 ? order.size() - 1 : pick - 1];
 }
 
