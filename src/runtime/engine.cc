@@ -79,8 +79,9 @@ struct Engine::Impl {
 
   Impl(const model::ModelWeights& w, EngineOptions o) : weights(w), options(o) {}
 
+  // Every state's own bytes (running sequences and cache entries) plus every page once.
   int64_t UsedBytes() const {
-    int64_t b = prefix_cache.bytes();
+    int64_t b = prefix_cache.bytes() + model->PageBytesInUse();
     for (const auto& s : running)
       if (s->state) b += model->StateBytes(*s->state);
     return b;
@@ -365,7 +366,7 @@ bool Engine::Impl::Step() {
   if (batch.empty()) return !running.empty() || !waiting.empty();
 
   std::vector<backend::RunnerChunk> chunks(batch.size());
-  std::vector<backend::cpu::ForwardOutput> outs(batch.size());
+  std::vector<backend::ForwardOutput> outs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     int64_t pos = s.state->n_tokens();
@@ -387,14 +388,16 @@ bool Engine::Impl::Step() {
       if (options.enable_prefix_cache && s.generated.empty() && pos <= s.n_prompt - 1 &&
           (pos % options.prefix_block_tokens == 0 || pos == s.n_prompt - 1)) {
         std::span<const int32_t> prefix(s.tokens.data(), pos);
-        int64_t snap_bytes = model->StateBytes(*s.state);
         if (!prefix_cache.Contains(prefix)) {
-          // Snapshots live under the same budget: make room by LRU eviction, or skip caching.
-          int64_t live = UsedBytes() - prefix_cache.bytes();
-          prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
-          if (live + prefix_cache.bytes() + snap_bytes <= options.kv_cache_bytes) {
-            auto snap = model->Copy(*s.state);
-            if (snap.ok())  // no room on the device for a snapshot: skip caching this one
+          // Snapshots live under the same budget (their own bytes; pages they share with the
+          // sequence are counted once, already): make room by LRU eviction, or skip caching.
+          auto snap = model->Snapshot(*s.state);
+          if (snap.ok()) {  // no room on the device for a snapshot: skip caching this one
+            const int64_t snap_bytes = model->StateBytes(**snap);
+            int64_t live = UsedBytes() - prefix_cache.bytes();
+            prefix_cache.EvictTo(
+                std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
+            if (UsedBytes() + snap_bytes <= options.kv_cache_bytes)
               prefix_cache.Insert(
                   prefix, std::shared_ptr<const RunnerState>(std::move(snap).value()), snap_bytes);
           }
@@ -426,7 +429,7 @@ void Engine::Impl::Loop() {
     // Warm-up: one token through every layer so the first request pays no first-touch costs.
     auto state = model->NewState();
     if (state.ok()) {
-      backend::cpu::ForwardOutput out;
+      backend::ForwardOutput out;
       const int32_t bos[1] = {weights.config().bos_token_id};
       backend::RunnerChunk chunk{state->get(), bos, {}, &out};
       (void)model->ForwardBatch(std::span<backend::RunnerChunk>(&chunk, 1));
@@ -489,8 +492,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
     return InvalidArgument(
         "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
   if (runner == nullptr) {
-    DSINFER_ASSIGN_OR_RETURN(runner,
-                             backend::MakeCpuRunner(weights, options.numerics, options.n_threads));
+    backend::CpuRunnerOptions cpu;
+    cpu.n_threads = options.n_threads;
+    DSINFER_ASSIGN_OR_RETURN(runner, backend::MakeCpuRunner(weights, options.numerics, cpu));
   }
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);

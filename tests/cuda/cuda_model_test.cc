@@ -332,8 +332,8 @@ TEST(CudaModel, ChunkingDoesNotChangeTheResult) {
               worst_single);
   EXPECT_LE(worst_ragged, tolerance::kGoldenLogitsNmse);
   EXPECT_LE(worst_single, tolerance::kGoldenLogitsNmse);
-  EXPECT_EQ((*s1)->n_tokens, 300);
-  EXPECT_EQ((*s3)->n_tokens, 300);
+  EXPECT_EQ((*s1)->n_tokens(), 300);
+  EXPECT_EQ((*s3)->n_tokens(), 300);
 }
 
 // Sequences of mixed lengths prefilled in one batched call (rounds of 256 tokens for the long
@@ -396,7 +396,7 @@ TEST(CudaModel, BatchMatchesEachSequenceAlone) {
     for (size_t r = 0; r * V < alone[i].size(); ++r)
       worst = std::max(worst,
                        CompareLogits(together[i].data() + r * V, alone[i].data() + r * V, V).nmse);
-    EXPECT_EQ(seqs[i]->n_tokens, lengths[i] + kDecode);
+    EXPECT_EQ(seqs[i]->n_tokens(), lengths[i] + kDecode);
   }
   std::printf(
       "[gpu batch] 5 sequences of 1-300 tokens + 5 decode steps: worst NMSE vs alone %.3g\n",
@@ -407,7 +407,7 @@ TEST(CudaModel, BatchMatchesEachSequenceAlone) {
   const int32_t tok[1] = {3};
   std::vector<CudaChunk> dup = {{seqs[0].get(), tok, {}, &o1}, {seqs[0].get(), tok, {}, &o2}};
   EXPECT_EQ((*m)->ForwardBatch(dup).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(seqs[0]->n_tokens, lengths[0] + kDecode);
+  EXPECT_EQ(seqs[0]->n_tokens(), lengths[0] + kDecode);
 }
 
 TEST(CudaModel, BadInputFailsClearlyAndChangesNothing) {
@@ -433,7 +433,7 @@ TEST(CudaModel, BadInputFailsClearlyAndChangesNothing) {
   EXPECT_EQ((*other)->Forward(**seq, good, {}, &out).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*m)->Forward(**seq, good, {.want_hidden = true}, &out).code(),
             StatusCode::kUnimplemented);
-  EXPECT_EQ((*seq)->n_tokens, 2);  // nothing above advanced the sequence
+  EXPECT_EQ((*seq)->n_tokens(), 2);  // nothing above advanced the sequence
 }
 
 }  // namespace
