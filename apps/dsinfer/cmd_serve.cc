@@ -221,7 +221,21 @@ int RunServe(int argc, char** argv) {
     if (!ParseSchedulerMetrics(*metrics, &service_options.scheduler_metrics))
       return Usage("--scheduler-metrics takes none or waiting=NAME,running=NAME,kv_usage=NAME");
   }
-  // KV events for KV-aware routers (server/kv_events.h): bound now, fed by the engine's prefix
+  std::string version = args.GetOr("model-version", "v4");
+  if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
+
+  // Signals go to a signalfd; block them before any thread starts so every thread inherits it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
+  if (signal_fd < 0) return Usage(std::string("signalfd: ") + std::strerror(errno));
+
+  // KV events for KV-aware routers (server/kv_events.h): bound now (after the signal mask,
+  // so its threads inherit it), fed by the engine's prefix
   // cache once it runs.
   std::shared_ptr<server::KvEventPublisher> kv_events;
   if (auto endpoint = args.Get("kv-events-endpoint")) {
@@ -255,19 +269,6 @@ int RunServe(int argc, char** argv) {
   }
   for (const auto& key : service_options.api_keys)
     if (key.empty()) return Usage("--api-key must not be empty");
-  std::string version = args.GetOr("model-version", "v4");
-  if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
-
-  // Signals go to a signalfd; block them before any thread starts so every thread inherits it.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
-  if (signal_fd < 0) return Usage(std::string("signalfd: ") + std::strerror(errno));
-
   server::Service service(service_options);
   server::HttpServerOptions http_options;
   http_options.host = args.GetOr("host", "127.0.0.1");
