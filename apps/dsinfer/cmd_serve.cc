@@ -95,14 +95,6 @@ bool ParseMemory(const std::string& text, int64_t* out) {
   return *out > 0;
 }
 
-std::vector<std::string> SplitCommas(const std::string& text) {
-  std::vector<std::string> parts;
-  std::stringstream in(text);
-  std::string part;
-  while (std::getline(in, part, ',')) parts.push_back(part);
-  return parts;
-}
-
 // "none", or comma-separated waiting=NAME,running=NAME,kv_usage=NAME (each optional, an empty
 // NAME leaves that gauge out); false on anything else.
 bool ParseSchedulerMetrics(const std::string& text, server::SchedulerMetricNames* names) {
@@ -110,10 +102,9 @@ bool ParseSchedulerMetrics(const std::string& text, server::SchedulerMetricNames
     *names = server::SchedulerMetricNames{"", "", ""};
     return true;
   }
-  for (const std::string& part : SplitCommas(text)) {
-    const size_t eq = part.find('=');
-    if (eq == std::string::npos) return false;
-    const std::string key = part.substr(0, eq), value = part.substr(eq + 1);
+  std::vector<std::pair<std::string, std::string>> items;
+  if (!ParseKeyValues(text, &items)) return false;
+  for (const auto& [key, value] : items) {
     if (key == "waiting")
       names->waiting = value;
     else if (key == "running")

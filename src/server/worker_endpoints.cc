@@ -12,6 +12,7 @@
 //   GET  /health_generate                one real token through the engine
 //   POST /start_profile, /stop_profile, /sleep, /wake_up: 501, with the reason; GET /is_sleeping
 #include <chrono>
+#include <optional>
 
 #include "server/service_core.h"
 #include "text/chat_json.h"
@@ -126,14 +127,32 @@ void SendRendered(Service::Core& core, const std::vector<int32_t>& ids, Response
 
 // The same checks and rendering as the generation handlers, without generating: what a request
 // would put in front of the engine.
+// The body as JSON when it parses and names the served model (or none); else the error is sent.
+std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
+                                       ResponseSink& sink) {
+  const auto flavor = ApiFlavor::kOpenAI;
+  auto body = ParseBody(request.body);
+  if (!body.ok()) {
+    SendError(sink, FromStatus(body.status()), flavor);
+    return std::nullopt;
+  }
+  auto model = OptString(*body, "model");
+  if (!model.ok()) {
+    SendError(sink, FromStatus(model.status()), flavor);
+    return std::nullopt;
+  }
+  if (!core.KnownModel(*model, flavor)) {
+    SendError(sink, core.UnknownModel(**model), flavor);
+    return std::nullopt;
+  }
+  return std::move(body).value();
+}
+
 void RenderChat(Service::Core& core, const HttpRequest& request, bool responses_api,
                 ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink);
+  if (!body) return;
   std::string chat_body = request.body;
   if (responses_api) {
     auto chat_json = ResponsesToChatJson(*body);
@@ -154,11 +173,8 @@ void RenderChat(Service::Core& core, const HttpRequest& request, bool responses_
 
 void RenderCompletion(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink);
+  if (!body) return;
   std::string text;
   auto ids = CompletionPrompt(core, *body, &text);
   if (!ids.ok()) return SendError(sink, FromStatus(ids.status()), flavor);

@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -393,16 +394,26 @@ def main():
             extra = ["--kv-event-model", MODEL, "--kv-event-block-size", "16"]
             for r in replicas:
                 extra += ["--kv-event-source", f"{r.url}={r.kv_endpoint}"]
-            router = Router(args, "vllm", "kv_aware", replicas, extra)
+            router = Router(args, "vllm", "kv_aware", replicas, extra + ["--log-level", "debug"])
             try:
                 rate, _ = run_stickiness(results, router, replicas, prompts,
                                          "vllm-router kv_aware", seed=7)
-                # Observed with 0.1.17: the events arrive and are credited (its log shows whole
-                # family prefixes credited), but its cost model (tokens to prefill plus each
-                # worker's pending work, --router-temperature 0) sends a request away from the
-                # replica holding its prefix whenever that one is busier, so it is less sticky
-                # than cache_aware under concurrent load (docs/SERVER.md).
-                results.check(rate >= 0.5, "vllm-router kv_aware: hit rate >= 50 %")
+                # Observed with 0.1.17: the events arrive and are credited, but its cost model
+                # (tokens to prefill plus each worker's pending work, --router-temperature 0)
+                # sends a request away from the replica holding its prefix whenever that one is
+                # busier, so its hit rate varies from run to run (42-59 % here) and is not
+                # asserted (docs/SERVER.md). What is asserted: the router credited whole family
+                # prefixes from dsinfer's events (its debug log), i.e. it read them.
+                with open(router.log_path, errors="replace") as f:
+                    log = re.sub(r"\x1b\[[0-9;]*m", "", f.read())
+                credited = [int(n) for n in re.findall(r"credited_prefix_tokens=(\d+)", log)]
+                whole = sum(1 for n in credited if n >= 1024)
+                print(f"  vllm-router kv_aware: {len(credited)} decisions, {whole} credited a "
+                      f"whole family prefix (>= 1024 tokens) from the KV events", flush=True)
+                results.check(whole >= REQUESTS // 3,
+                              "vllm-router kv_aware: the KV events are read and credited")
+                results.check("kv_index decode batch" not in log,
+                              "vllm-router kv_aware: no KV event decode errors")
             finally:
                 router.stop()
         if want("failover"):

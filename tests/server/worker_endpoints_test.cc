@@ -8,6 +8,7 @@
 
 #include "server/engine_port.h"
 #include "server/service.h"
+#include "service_harness.h"
 #include "text/tokenizer.h"
 
 namespace dsinfer::server {
@@ -17,8 +18,7 @@ using Json = nlohmann::json;
 
 const text::Tokenizer& Tok() {
   static const text::Tokenizer* tok = [] {
-    auto t = text::Tokenizer::FromFile(std::string(DSINFER_SOURCE_DIR) +
-                                       "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json");
+    auto t = text::Tokenizer::FromFile(testing::InProcessService::TokenizerPath());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return new text::Tokenizer(std::move(t).value());
   }();
