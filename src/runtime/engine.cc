@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <list>
 #include <optional>
 #include <random>
@@ -65,6 +66,7 @@ struct Engine::Impl {
   bool draining = false;
   Clock::time_point drain_deadline;
   EngineStats stats;
+  std::vector<std::promise<Status>> flush_waiters;  // FlushPrefixCache calls to answer
   int engine_waiting = 0;  // waiting sequences on the engine side, as of the last step
   std::atomic<bool> is_ready{false};
   std::thread thread;
@@ -135,11 +137,29 @@ struct Engine::Impl {
     return s.req->params.n > 1 && !s.forked && s.index == 0 && s.generated.empty();
   }
   void PublishStats();
+  // Answers the FlushPrefixCache calls waiting (under mu, after incoming was taken).
+  void AnswerFlushes();
 };
+
+void Engine::Impl::AnswerFlushes() {
+  if (flush_waiters.empty()) return;
+  Status answer = Status::Ok();
+  if (running.empty() && waiting.empty()) {
+    prefix_cache.Clear();
+  } else {
+    answer = FailedPrecondition(std::to_string(running.size() + waiting.size()) +
+                                " requests are queued or running; the prefix cache is flushed "
+                                "only when the engine is idle");
+  }
+  for (auto& waiter : flush_waiters) waiter.set_value(answer);
+  flush_waiters.clear();
+}
 
 void Engine::Impl::PublishStats() {
   std::lock_guard<std::mutex> lock(mu);
   stats.n_running = static_cast<int>(running.size());
+  stats.n_tokens_running = 0;
+  for (const auto& s : running) stats.n_tokens_running += static_cast<int64_t>(s->tokens.size());
   engine_waiting = static_cast<int>(waiting.size());
   stats.n_waiting = static_cast<int>(waiting.size() + incoming.size());
   stats.kv_bytes_used = UsedBytes();
@@ -440,7 +460,7 @@ void Engine::Impl::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu);
       if (running.empty() && waiting.empty())
-        cv.wait(lock, [&] { return stopping || !incoming.empty(); });
+        cv.wait(lock, [&] { return stopping || !incoming.empty() || !flush_waiters.empty(); });
       if (stopping) break;
       while (!incoming.empty()) {
         auto req = std::move(incoming.front());
@@ -457,9 +477,15 @@ void Engine::Impl::Loop() {
       // Submit's queue bound counts these now; waiting for the step's PublishStats would let a
       // burst past max_queue while the step runs.
       engine_waiting = static_cast<int>(waiting.size());
+      AnswerFlushes();
     }
     Step();
     PublishStats();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& waiter : flush_waiters) waiter.set_value(FailedPrecondition("engine is stopping"));
+    flush_waiters.clear();
   }
   for (auto* list : {&running, &waiting})
     for (auto& s : *list) Finish(*s, FinishReason::kCancelled);
@@ -498,6 +524,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
   }
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
+  impl->prefix_cache.set_observer(impl->options.prefix_cache_observer.get());
   impl->model = std::move(runner);
   impl->device = impl->model->device();
   int64_t one = impl->model->StateBytesAt(1);
@@ -571,6 +598,18 @@ EngineStats Engine::Stats() const {
 const model::ModelConfig& Engine::config() const { return impl_->weights.config(); }
 
 bool Engine::ready() const { return impl_->is_ready.load(); }
+
+Status Engine::FlushPrefixCache() {
+  std::future<Status> answer;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping || impl_->draining) return FailedPrecondition("engine is shutting down");
+    impl_->flush_waiters.emplace_back();
+    answer = impl_->flush_waiters.back().get_future();
+  }
+  impl_->cv.notify_all();
+  return answer.get();
+}
 
 const std::string& Engine::device() const { return impl_->device; }
 

@@ -175,6 +175,8 @@ class ChatStream final : public GenerationObserver {
   const Generation* generation_ = nullptr;
 };
 
+}  // namespace
+
 // chat_template_kwargs {"thinking": bool, "reasoning_effort": str} is vLLM/SGLang's spelling of
 // the DeepSeek fields; the DeepSeek fields win when both are present.
 Status ApplyTemplateKwargs(const Json& body, text::ChatRequest* chat) {
@@ -205,8 +207,6 @@ Status ApplyTemplateKwargs(const Json& body, text::ChatRequest* chat) {
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 void HandleChatCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
@@ -334,8 +334,6 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   SendJson(sink, 200, response, {{"x-request-id", id}});
 }
 
-namespace {
-
 // The /v1/completions prompt: a string, token ids, or a one-element array of either.
 Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const Json& body,
                                               std::string* text) {
@@ -367,6 +365,8 @@ Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const J
   return InvalidArgument(
       "prompt: must be a string, an array of token ids, or a one-element array of either");
 }
+
+namespace {
 
 Json CompletionLogprobs(const text::Tokenizer& tok, std::span<const runtime::TokenLogprob> lps,
                         size_t offset) {

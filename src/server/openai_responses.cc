@@ -27,6 +27,8 @@ Result<std::string> PartsText(const Json& content, const std::string& path) {
 }
 
 // Responses request -> the OpenAI chat shape the text layer understands.
+}  // namespace
+
 Result<Json> ResponsesToChatJson(const Json& body) {
   Json messages = Json::array();
   auto instructions = body.find("instructions");
@@ -158,6 +160,8 @@ Result<Json> ResponsesToChatJson(const Json& body) {
   }
   return chat;
 }
+
+namespace {
 
 // The request's field as given (HandleResponses checked its type), or `fallback` when it is
 // absent or null, or when `object` is not an object: for echoing fields into the response.

@@ -16,13 +16,26 @@
 
 namespace dsinfer::server {
 
+// Where the KV-event publisher (server/kv_events.h) can be reached, for GET /kv_event_sources
+// and /server_info; an empty endpoint: events are off.
+struct KvEventsInfo {
+  std::string endpoint;  // what a subscriber connects to: "tcp://127.0.0.1:5557"
+  std::string topic;
+  int block_size = 16;  // tokens per published block
+};
+
 struct ServiceOptions {
   std::string served_model_name = "deepseek-v4-flash";
+  // More names the model answers to (vLLM's --served-model-name A B C: A is the name responses
+  // report, every name is accepted as `model` and listed by /v1/models).
+  std::vector<std::string> served_model_aliases;
   std::vector<std::string> api_keys;  // empty: no authentication
   int max_tokens_limit = 32768;       // largest accepted max_tokens
   int default_max_tokens = 2048;      // when the request gives none
   bool default_thinking = true;       // DeepSeek's API default
   int max_stored_responses = 1024;    // for GET /v1/responses/{id}
+  KvEventsInfo kv_events;
+  SchedulerMetricNames scheduler_metrics;  // /metrics gauges under an endpoint picker's names
 };
 
 // What the service needs to know about the loaded model.
@@ -30,6 +43,14 @@ struct ModelInfo {
   text::ModelVersion version = text::ModelVersion::kV4;
   int64_t max_model_len = 0;  // prompt + output tokens; 0: unlimited
   int64_t created_unix = 0;
+  // For the routers' /server_info and /model_info (worker_endpoints.cc).
+  std::string model_path;      // the checkpoint directory
+  std::string tokenizer_path;  // the tokenizer.json in use
+  std::string device;          // "cpu", "cuda:0 (NVIDIA H200)"
+  int64_t kv_cache_bytes = 0;  // the engine's KV / state budget
+  int max_num_seqs = 0;        // most sequences in one step
+  int max_num_batched_tokens = 0;
+  int max_queue = 0;
 };
 
 class Service {

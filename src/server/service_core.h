@@ -131,6 +131,17 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
 // Anthropic Messages request -> OpenAI-chat-shaped JSON the text layer converts (shared with
 // count_tokens).
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking);
+// Responses request -> OpenAI-chat-shaped JSON (shared with /v1/responses/render).
+Result<Json> ResponsesToChatJson(const Json& body);
+// chat_template_kwargs onto a parsed chat request (shared with /v1/chat/completions/render).
+Status ApplyTemplateKwargs(const Json& body, text::ChatRequest* chat);
+// The /v1/completions prompt as ids; `text` gets its text (shared with /v1/completions/render).
+Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const Json& body,
+                                              std::string* text);
+// Routers' and schedulers' endpoints (worker_endpoints.cc): true when `request.path` is one of
+// them, which it then answered (authentication and method included).
+bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, ResponseSink& sink,
+                          bool authorized);
 
 // The chat page served at "/".
 std::string_view ChatPageHtml();
