@@ -38,23 +38,53 @@ Json AnthropicUsage(const runtime::Usage& u) {
 std::string StopReason(const SampleOutput& s) {
   if (s.stopped_by_sequence) return "stop_sequence";
   if (s.engine_finish == runtime::FinishReason::kLength) return "max_tokens";
-  if (!s.tool_calls.empty()) return "tool_use";
+  if (s.tool_calls > 0) return "tool_use";
   return "end_turn";
 }
 
-class MessagesStream final : public GenerationObserver {
+// A tool call's input object: its arguments when they are a JSON object; otherwise (truncated or
+// malformed arguments) the raw text under "arguments", so nothing the model wrote is lost.
+Json ToolInput(const std::string& arguments) {
+  Json input = Json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  if (input.is_discarded() || !input.is_object()) input = Json{{"arguments", arguments}};
+  return input;
+}
+
+// The Messages result builder: the content blocks (thinking, text, tool_use) as they arrive;
+// streaming, also their events. A tool_use block's input is sent whole when the block closes
+// (one input_json_delta), because only then is it known whether the arguments form a JSON
+// object: the stream and the final message then carry the same input.
+class MessageResult final : public GenerationObserver {
  public:
-  MessagesStream(ResponseSink& sink, std::string id) : sink_(sink), id_(std::move(id)) {}
-  bool Event(const std::string& type, Json data) {
-    Json ordered = {{"type", type}};
-    for (auto& [k, v] : data.items()) ordered[k] = v;
-    return sink_.WriteChunk(SseEvent(type, ordered));
+  MessageResult(ResponseSink& sink, bool streaming, std::string id, std::string model)
+      : sink_(sink), streaming_(streaming), id_(std::move(id)), model_(std::move(model)) {}
+  void set_generation(const Generation* g) { generation_ = g; }
+
+  // Streaming: the head and message_start. The cache split is known only once the engine
+  // schedules the prompt; message_delta carries it.
+  bool Begin(int64_t prompt_tokens) {
+    if (!streaming_) return true;
+    if (!sink_.BeginStream(200, "text/event-stream", SseHeaders(id_))) return false;
+    Json usage = {{"input_tokens", prompt_tokens},
+                  {"output_tokens", 1},
+                  {"cache_creation_input_tokens", 0},
+                  {"cache_read_input_tokens", 0}};
+    Json message = {{"id", id_},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", model_},
+                    {"content", Json::array()},
+                    {"stop_reason", nullptr},
+                    {"stop_sequence", nullptr},
+                    {"usage", usage}};
+    return Event("message_start", {{"message", message}});
   }
+
   bool OnDelta(int, const OutputDelta& d, std::span<const runtime::TokenLogprob>) override {
     using K = OutputDelta::Kind;
-    std::string want = d.kind == K::kReasoning ? "thinking"
-                       : d.kind == K::kContent ? "text"
-                                               : "tool_use";
+    const std::string want = d.kind == K::kReasoning ? "thinking"
+                             : d.kind == K::kContent ? "text"
+                                                     : "tool_use";
     bool ok = true;
     if (d.kind == K::kToolCallStart || open_ != want) {
       ok = CloseBlock();
@@ -68,42 +98,119 @@ class MessagesStream final : public GenerationObserver {
                  {"id", ToolId(d.tool_index)},
                  {"name", d.text},
                  {"input", Json::object()}};
-      ok = ok && Event("content_block_start", {{"index", index_}, {"content_block", block}});
-      if (want == "thinking") ok = ok && Event("ping", Json::object());
-      open_ = want;
+      ok = ok && OpenBlock(block);
     }
     if (d.kind == K::kToolCallStart) return ok;
-    Json delta;
-    if (d.kind == K::kReasoning)
-      delta = {{"type", "thinking_delta"}, {"thinking", d.text}};
-    else if (d.kind == K::kContent)
-      delta = {{"type", "text_delta"}, {"text", d.text}};
-    else
-      delta = {{"type", "input_json_delta"}, {"partial_json", d.text}};
-    return ok && Event("content_block_delta", {{"index", index_}, {"delta", delta}});
+    Json& block = content_.back();
+    const int index = static_cast<int>(content_.size()) - 1;
+    if (d.kind == K::kToolCallArguments) {
+      arguments_ += d.text;
+      return ok;
+    }
+    const char* field = d.kind == K::kReasoning ? "thinking" : "text";
+    block[field] = block[field].get<std::string>() + d.text;
+    Json delta = d.kind == K::kReasoning ? Json{{"type", "thinking_delta"}, {"thinking", d.text}}
+                                         : Json{{"type", "text_delta"}, {"text", d.text}};
+    return ok && Event("content_block_delta", {{"index", index}, {"delta", delta}});
   }
+
   bool OnIdle() override { return Event("ping", Json::object()); }
-  bool CloseBlock() {
-    if (open_.empty()) return true;
-    bool ok = true;
-    // Clients send thinking blocks back with their signature; ours is the message id.
-    if (open_ == "thinking")
-      ok = Event("content_block_delta",
-                 {{"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", id_}}}});
-    ok = ok && Event("content_block_stop", {{"index", index_}});
-    open_.clear();
-    ++index_;
+
+  // Closes the open block; when a finished answer has neither text nor a tool call (the model
+  // stopped at once, or only reasoned), adds an empty text block, as the API's clients expect one.
+  void Complete(GenerationEnd end) {
+    CloseBlock();
+    if (end == GenerationEnd::kError) return;
+    for (const auto& block : content_)
+      if (block["type"] != "thinking") return;
+    OpenBlock({{"type", "text"}, {"text", ""}});
+    CloseBlock();
+  }
+
+  Json StopSequence(const SampleOutput& s) const {
+    return s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr);
+  }
+
+  // Streaming: message_delta and message_stop, or the error event.
+  void FinishStream(GenerationEnd end) {
+    if (end == GenerationEnd::kError) {
+      sink_.WriteChunk(SseEvent(
+          "error", ErrorBody(GenerationFailed(generation_->error()), ApiFlavor::kAnthropic)));
+      sink_.EndStream();
+      return;
+    }
+    const SampleOutput& s = generation_->samples()[0];
+    Event("message_delta",
+          {{"delta", {{"stop_reason", StopReason(s)}, {"stop_sequence", StopSequence(s)}}},
+           {"usage", AnthropicUsage(generation_->usage())}});
+    Event("message_stop", Json::object());
+    sink_.EndStream();
+  }
+
+  Json Response() const {
+    const SampleOutput& s = generation_->samples()[0];
+    return Json{{"id", id_},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", model_},
+                {"content", content_},
+                {"stop_reason", StopReason(s)},
+                {"stop_sequence", StopSequence(s)},
+                {"usage", AnthropicUsage(generation_->usage())}};
+  }
+
+ private:
+  bool Event(const std::string& type, Json data) {
+    if (!streaming_) return true;
+    Json ordered = {{"type", type}};
+    for (auto& [k, v] : data.items()) ordered[k] = v;
+    return sink_.WriteChunk(SseEvent(type, ordered));
+  }
+
+  bool OpenBlock(Json block) {
+    open_ = block["type"];
+    content_.push_back(std::move(block));
+    const int index = static_cast<int>(content_.size()) - 1;
+    bool ok = Event("content_block_start", {{"index", index}, {"content_block", content_.back()}});
+    if (open_ == "thinking") ok = ok && Event("ping", Json::object());
     return ok;
   }
+
+  bool CloseBlock() {
+    if (open_.empty()) return true;
+    Json& block = content_.back();
+    const int index = static_cast<int>(content_.size()) - 1;
+    bool ok = true;
+    if (open_ == "thinking") {
+      // Clients send thinking blocks back with their signature; ours is the message id.
+      block["signature"] = id_;
+      ok = Event("content_block_delta",
+                 {{"index", index}, {"delta", {{"type", "signature_delta"}, {"signature", id_}}}});
+    } else if (open_ == "tool_use") {
+      block["input"] = ToolInput(arguments_);
+      arguments_.clear();
+      ok = Event(
+          "content_block_delta",
+          {{"index", index},
+           {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(block["input"])}}}});
+    }
+    ok = ok && Event("content_block_stop", {{"index", index}});
+    open_.clear();
+    return ok;
+  }
+
   std::string ToolId(int index) const {
     return "toolu_" + id_.substr(4) + "_" + std::to_string(index);
   }
 
- private:
   ResponseSink& sink_;
-  std::string id_;
-  std::string open_;  // type of the open content block ("" when none)
-  int index_ = 0;
+  const bool streaming_;
+  const std::string id_;
+  const std::string model_;
+  const Generation* generation_ = nullptr;
+  Json content_ = Json::array();
+  std::string open_;       // type of the open content block ("" when none)
+  std::string arguments_;  // the open tool_use block's arguments so far
 };
 
 }  // namespace
@@ -234,8 +341,9 @@ namespace {
 
 Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
   DSINFER_ASSIGN_OR_RETURN(Json chat_json, MessagesToChatJson(body, core.options.default_thinking));
-  DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJson(Dump(chat_json), core.model.version,
-                                                                core.options.default_thinking));
+  DSINFER_ASSIGN_OR_RETURN(
+      auto chat,
+      text::ChatRequestFromJsonValue(chat_json, core.model.version, core.options.default_thinking));
   return core.EncodeChat(chat);
 }
 
@@ -291,77 +399,17 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
-  Generation& g = **generation;
-  const std::string model_name = model->value_or(core.options.served_model_name);
-
-  if (stream->value_or(false)) {
-    MessagesStream events(sink, id);
-    if (!sink.BeginStream(200, "text/event-stream", SseHeaders(id))) return;
-    // The cache split is known only once the engine schedules the prompt; message_delta carries it.
-    Json start_usage_json = {{"input_tokens", prompt_tokens},
-                             {"output_tokens", 1},
-                             {"cache_creation_input_tokens", 0},
-                             {"cache_read_input_tokens", 0}};
-    Json message = {{"id", id},
-                    {"type", "message"},
-                    {"role", "assistant"},
-                    {"model", model_name},
-                    {"content", Json::array()},
-                    {"stop_reason", nullptr},
-                    {"stop_sequence", nullptr},
-                    {"usage", start_usage_json}};
-    if (!events.Event("message_start", {{"message", message}})) return;
-    GenerationEnd end = g.Run(&events, &sink);
-    if (end == GenerationEnd::kClientGone) return;
-    events.CloseBlock();
-    if (end == GenerationEnd::kError) {
-      ApiError e = GenerationFailed(g.error());
-      sink.WriteChunk(SseEvent("error", ErrorBody(e, flavor)));
-      sink.EndStream();
-      return;
-    }
-    const SampleOutput& s = g.samples()[0];
-    Json usage = AnthropicUsage(g.usage());
-    events.Event(
-        "message_delta",
-        {{"delta",
-          {{"stop_reason", StopReason(s)},
-           {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)}}},
-         {"usage", usage}});
-    events.Event("message_stop", Json::object());
-    sink.EndStream();
-    return;
-  }
-  GenerationEnd end = g.Run(nullptr, &sink);
+  const bool streaming = stream->value_or(false);
+  MessageResult result(sink, streaming, id, model->value_or(core.options.served_model_name));
+  result.set_generation(generation->get());
+  if (!result.Begin(prompt_tokens)) return;
+  const GenerationEnd end = (*generation)->Run(result, &sink);
   if (end == GenerationEnd::kClientGone) return;
-  if (end == GenerationEnd::kError) {
-    ApiError e = GenerationFailed(g.error());
-    return SendError(sink, e, flavor);
-  }
-  const SampleOutput& s = g.samples()[0];
-  Json content = Json::array();
-  if (encoded->thinking && !s.reasoning.empty())
-    content.push_back({{"type", "thinking"}, {"thinking", s.reasoning}, {"signature", id}});
-  if (!s.content.empty() || s.tool_calls.empty())
-    content.push_back({{"type", "text"}, {"text", s.content}});
-  for (size_t t = 0; t < s.tool_calls.size(); ++t) {
-    Json input = Json::parse(s.tool_calls[t].arguments, nullptr, false);
-    if (input.is_discarded() || !input.is_object())
-      input = Json{{"arguments", s.tool_calls[t].arguments}};
-    content.push_back({{"type", "tool_use"},
-                       {"id", "toolu_" + id.substr(4) + "_" + std::to_string(t)},
-                       {"name", s.tool_calls[t].name},
-                       {"input", input}});
-  }
-  Json response = {{"id", id},
-                   {"type", "message"},
-                   {"role", "assistant"},
-                   {"model", model_name},
-                   {"content", content},
-                   {"stop_reason", StopReason(s)},
-                   {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)},
-                   {"usage", AnthropicUsage(g.usage())}};
-  SendJson(sink, 200, response, {{"request-id", id}});
+  result.Complete(end);
+  if (streaming) return result.FinishStream(end);
+  if (end == GenerationEnd::kError)
+    return SendError(sink, GenerationFailed((*generation)->error()), flavor);
+  SendJson(sink, 200, result.Response(), {{"request-id", id}});
 }
 
 }  // namespace dsinfer::server

@@ -39,16 +39,11 @@ struct GenerationSpec {
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 
-struct ToolCallOutput {
-  std::string name;
-  std::string arguments;  // JSON text
-};
-
+// How one sample ended. Its text, tool calls and logprobs reach the protocol handlers only as
+// deltas (GenerationObserver): each API's result builder assembles both its stream and its
+// final object from them, so the two cannot disagree.
 struct SampleOutput {
-  std::string reasoning;
-  std::string content;
-  std::vector<ToolCallOutput> tool_calls;
-  std::vector<runtime::TokenLogprob> logprobs;
+  int tool_calls = 0;  // tool calls the parser announced
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;  // tokens generated while the parser was in reasoning
   runtime::FinishReason engine_finish = runtime::FinishReason::kNone;
@@ -57,7 +52,10 @@ struct SampleOutput {
   bool done = false;
 };
 
-// Callbacks for streaming handlers. Returning false means the client is gone (write failed).
+// Receives a generation's output as it is parsed. Every generated token's logprob is handed over
+// exactly once, in order: with the next delta of its sample (whatever its kind), or with
+// OnSampleDone for tokens no delta followed (the end-of-message token, held-back text).
+// Returning false means the client is gone (a write failed).
 class GenerationObserver {
  public:
   virtual ~GenerationObserver() = default;
@@ -66,7 +64,9 @@ class GenerationObserver {
   // No event for a while (queued or in a long prefill): a chance to send an SSE keep-alive.
   virtual bool OnIdle() { return true; }
   // A sample finished (its SampleOutput is final).
-  virtual bool OnSampleDone(int /*index*/) { return true; }
+  virtual bool OnSampleDone(int /*index*/, std::span<const runtime::TokenLogprob> /*logprobs*/) {
+    return true;
+  }
 };
 
 enum class GenerationEnd { kFinished, kClientGone, kCancelled, kError };
@@ -80,8 +80,9 @@ class Generation {
                                                    ServerMetrics& metrics, GenerationSpec spec);
   ~Generation();  // cancels the engine request if still running
 
-  // Runs until every sample finished, the client left, or the request was cancelled.
-  GenerationEnd Run(GenerationObserver* observer, ResponseSink* sink);
+  // Runs until every sample finished, the client left, or the request was cancelled. The
+  // observer (a result builder) sees every delta, streamed or not.
+  GenerationEnd Run(GenerationObserver& observer, ResponseSink* sink);
 
   const std::vector<SampleOutput>& samples() const { return samples_; }
   const runtime::Usage& usage() const { return usage_; }
@@ -94,9 +95,8 @@ class Generation {
              std::shared_ptr<runtime::RequestStream> stream);
   struct SampleState;
   // Feeds one engine event; false if the observer reported the client gone.
-  bool Consume(const runtime::StreamEvent& event, GenerationObserver* observer);
-  bool Deliver(int index, std::vector<OutputDelta>& deltas,
-               std::span<const runtime::TokenLogprob> logprobs, GenerationObserver* observer);
+  bool Consume(const runtime::StreamEvent& event, GenerationObserver& observer);
+  bool Deliver(int index, std::vector<OutputDelta>& deltas, GenerationObserver& observer);
   void RecordOutcome(GenerationEnd end);
 
   const text::Tokenizer& tokenizer_;

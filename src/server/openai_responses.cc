@@ -371,7 +371,7 @@ class ResponseBuilder final : public GenerationObserver {
     // A message followed by a tool call is commentary, not the final answer.
     for (auto& item : response_["output"])
       if (item["type"] == "message")
-        item["phase"] = s.tool_calls.empty() ? "final_answer" : "commentary";
+        item["phase"] = s.tool_calls == 0 ? "final_answer" : "commentary";
   }
 
  private:
@@ -410,8 +410,8 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   auto chat_json = ResponsesToChatJson(*body);
   if (!chat_json.ok()) return SendError(sink, FromStatus(chat_json.status()), flavor);
-  auto chat = text::ChatRequestFromJson(Dump(*chat_json), core.model.version,
-                                        core.options.default_thinking);
+  auto chat =
+      text::ChatRequestFromJsonValue(*chat_json, core.model.version, core.options.default_thinking);
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
@@ -440,7 +440,7 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
       return;
     }
   }
-  GenerationEnd end = g.Run(&builder, &sink);
+  GenerationEnd end = g.Run(builder, &sink);
   builder.Complete(g, end);
   core.StoreResponse(id, builder.response());
   core.UntrackInFlight(id);

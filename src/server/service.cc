@@ -139,7 +139,7 @@ void HandleTokenize(Service::Core& core, const HttpRequest& request, ResponseSin
   std::vector<int32_t> ids;
   if (body->contains("messages")) {
     auto chat =
-        text::ChatRequestFromJson(Dump(*body), core.model.version, core.options.default_thinking);
+        text::ChatRequestFromJsonValue(*body, core.model.version, core.options.default_thinking);
     if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), ApiFlavor::kOpenAI);
     auto encoded = core.EncodeChat(*chat);
     if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), ApiFlavor::kOpenAI);

@@ -267,4 +267,15 @@ Result<ChatRequest> ChatRequestFromJson(std::string_view json_text, ModelVersion
   }
 }
 
+Result<ChatRequest> ChatRequestFromJsonValue(const json& body, ModelVersion version,
+                                             bool default_thinking) {
+  // Convert reads with find / is_* / get on checked types, which do not throw; the guard keeps
+  // that promise should a later field forget to check.
+  try {
+    return Convert(body, version, default_thinking);
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("request: ") + e.what());
+  }
+}
+
 }  // namespace dsinfer::text

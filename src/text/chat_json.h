@@ -11,6 +11,7 @@
 // disables thinking; otherwise `default_thinking` applies.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string_view>
 
 #include "core/status.h"
@@ -20,5 +21,9 @@ namespace dsinfer::text {
 
 Result<ChatRequest> ChatRequestFromJson(std::string_view json_text, ModelVersion version,
                                         bool default_thinking = true);
+// The same, from a parsed body (the server parses each request once and converts the other
+// APIs' requests to this shape as JSON values, never through text).
+Result<ChatRequest> ChatRequestFromJsonValue(const nlohmann::ordered_json& body,
+                                             ModelVersion version, bool default_thinking = true);
 
 }  // namespace dsinfer::text

@@ -1,0 +1,377 @@
+// Each API's streamed and non-streamed replies to the same generation carry the same output:
+// text, reasoning, tool calls, logprobs, usage and finish reason, for complete outputs and for
+// outputs cut by max_tokens after every token (inside reasoning, inside DSML tool-call markup,
+// inside a parameter value). The stream is folded back into a final object the way an SDK's
+// stream helper does it and compared with the non-streamed reply.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "service_harness.h"
+
+namespace dsinfer::server::testing {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+InProcessService& Service() {
+  static InProcessService* service = [] {
+    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
+    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+    return new InProcessService(std::move(tokenizer).value());
+  }();
+  return *service;
+}
+
+int TokenCount(const std::string& text) {
+  static const text::Tokenizer* tok = [] {
+    auto t = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
+    return new text::Tokenizer(std::move(t).value());
+  }();
+  auto ids = tok->Encode(text, /*allow_special=*/true);
+  return ids.ok() ? static_cast<int>(ids->size()) : 0;
+}
+
+// Reasoning, an answer, then two tool calls (a string and a JSON parameter), then end of message.
+const std::string kToolOutput =
+    "Need the weather \xF0\x9F\x8C\xA7.</think>Checking Paris.\n\n<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris \"centre\"</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">[1, 2]</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+const std::string kTextOutput =
+    "Let me think\n about it.</think>The answer is 42, and that is final.<｜end▁of▁sentence｜>";
+
+std::vector<Json> SseDataLines(const std::string& body) {
+  std::vector<Json> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find('\n', at);
+    const std::string payload = body.substr(at + 6, end - at - 6);
+    if (payload != "[DONE]") out.push_back(Json::parse(payload));
+    at = end;
+  }
+  return out;
+}
+
+std::string WithMaxTokens(std::string body, int max_tokens, const char* key = "max_tokens") {
+  if (max_tokens <= 0) return body;
+  body.pop_back();  // the closing brace
+  return body + ",\"" + key + "\":" + std::to_string(max_tokens) + "}";
+}
+
+std::string Streamed(std::string body) {
+  body.pop_back();
+  return body + ",\"stream\":true}";
+}
+
+// A tool call id names its response; two requests have different ids, so compare the index only.
+std::string WithoutResponseId(std::string s, const std::string& id) {
+  for (size_t at; !id.empty() && (at = s.find(id)) != std::string::npos;)
+    s.replace(at, id.size(), "ID");
+  return s;
+}
+
+// --- OpenAI chat -------------------------------------------------------------------------------
+
+Json FoldChatStream(const std::string& body) {
+  Json choices = Json::array();
+  Json usage;
+  std::string id;
+  for (const Json& chunk : SseDataLines(body)) {
+    if (chunk.contains("error")) return chunk;
+    id = chunk["id"];
+    if (chunk.contains("usage") && !chunk["usage"].is_null()) usage = chunk["usage"];
+    for (const Json& c : chunk["choices"]) {
+      const size_t i = c["index"];
+      while (choices.size() <= i)
+        choices.push_back({{"content", ""},
+                           {"reasoning_content", ""},
+                           {"tool_calls", Json::array()},
+                           {"logprobs", Json::array()},
+                           {"finish_reason", nullptr}});
+      Json& out = choices[i];
+      const Json& d = c["delta"];
+      if (d.contains("content") && d["content"].is_string())
+        out["content"] = out["content"].get<std::string>() + d["content"].get<std::string>();
+      if (d.contains("reasoning_content") && d["reasoning_content"].is_string())
+        out["reasoning_content"] =
+            out["reasoning_content"].get<std::string>() + d["reasoning_content"].get<std::string>();
+      if (d.contains("tool_calls")) {
+        for (const Json& tc : d["tool_calls"]) {
+          const size_t t = tc["index"];
+          Json& calls = out["tool_calls"];
+          while (calls.size() <= t) calls.push_back({{"id", ""}, {"name", ""}, {"arguments", ""}});
+          if (tc.contains("id")) calls[t]["id"] = WithoutResponseId(tc["id"], id);
+          if (tc["function"].contains("name")) calls[t]["name"] = tc["function"]["name"];
+          calls[t]["arguments"] = calls[t]["arguments"].get<std::string>() +
+                                  tc["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (c["logprobs"].is_object())
+        for (const Json& e : c["logprobs"]["content"]) out["logprobs"].push_back(e);
+      if (!c["finish_reason"].is_null()) out["finish_reason"] = c["finish_reason"];
+    }
+  }
+  return {{"choices", choices}, {"usage", usage}};
+}
+
+Json NormalizeChat(const Json& reply) {
+  if (reply.contains("error")) return reply;
+  Json choices = Json::array();
+  const std::string id = reply["id"];
+  for (const Json& c : reply["choices"]) {
+    const Json& m = c["message"];
+    Json calls = Json::array();
+    if (m.contains("tool_calls"))
+      for (const Json& tc : m["tool_calls"])
+        calls.push_back({{"id", WithoutResponseId(tc["id"], id)},
+                         {"name", tc["function"]["name"]},
+                         {"arguments", tc["function"]["arguments"]}});
+    choices.push_back(
+        {{"content", m["content"].is_null() ? "" : m["content"].get<std::string>()},
+         {"reasoning_content", m.value("reasoning_content", "")},
+         {"tool_calls", calls},
+         {"logprobs", c["logprobs"].is_null() ? Json::array() : c["logprobs"]["content"]},
+         {"finish_reason", c["finish_reason"]}});
+  }
+  return {{"choices", choices}, {"usage", reply["usage"]}};
+}
+
+void ExpectChatAgrees(const std::string& body, const std::string& output, int max_tokens) {
+  const std::string request = WithMaxTokens(body, max_tokens);
+  const Reply whole = Service().Post("/v1/chat/completions", request, output);
+  std::string stream_request = Streamed(request);
+  stream_request.pop_back();
+  stream_request += R"(,"stream_options":{"include_usage":true}})";
+  const Reply stream = Service().Post("/v1/chat/completions", stream_request, output);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  ASSERT_EQ(whole.violation, "");
+  ASSERT_EQ(stream.violation, "");
+  const Json a = NormalizeChat(Json::parse(whole.body));
+  const Json b = FoldChatStream(stream.body);
+  EXPECT_EQ(a, b) << "max_tokens " << max_tokens << "\nnon-streamed: " << a.dump()
+                  << "\nstreamed:     " << b.dump();
+}
+
+const std::string kChatTools =
+    R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},)"
+    R"({"type":"function","function":{"name":"get_time","parameters":{"type":"object"}}}])";
+
+TEST(ResultAgreement, ChatAtEveryTruncation) {
+  const std::string body = R"({"messages":[{"role":"user","content":"weather?"}],"n":2,)"
+                           R"("logprobs":true,"top_logprobs":2,)" +
+                           kChatTools + "}";
+  const int tokens = TokenCount(kToolOutput);
+  ASSERT_GT(tokens, 40);
+  for (int max_tokens = 1; max_tokens <= tokens + 1; ++max_tokens)
+    ExpectChatAgrees(body, kToolOutput, max_tokens);
+  // Thinking disabled (no reasoning field), a stop sequence, no logprobs.
+  const std::string plain =
+      R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"},"stop":["final"]})";
+  for (int max_tokens = 1; max_tokens <= TokenCount(kTextOutput) + 1; ++max_tokens)
+    ExpectChatAgrees(plain, kTextOutput, max_tokens);
+  // A tool call the prompt forced open (tool_choice required).
+  const std::string forced = R"({"messages":[{"role":"user","content":"x"}],)" + kChatTools +
+                             R"(,"tool_choice":"required"})";
+  const std::string forced_output = kToolOutput.substr(kToolOutput.find("<｜DSML｜invoke"));
+  for (int max_tokens = 1; max_tokens <= TokenCount(forced_output) + 1; ++max_tokens)
+    ExpectChatAgrees(forced, forced_output, max_tokens);
+}
+
+TEST(ResultAgreement, ChatEngineFailureIsTheSameErrorBothWays) {
+  const std::string body = R"({"messages":[{"role":"user","content":"x"}]})";
+  const Reply whole =
+      Service().Post("/v1/chat/completions", body, kTextOutput, EngineFailure::kMidStream);
+  const Reply stream = Service().Post("/v1/chat/completions", Streamed(body), kTextOutput,
+                                      EngineFailure::kMidStream);
+  EXPECT_EQ(whole.status, 500);
+  ASSERT_EQ(stream.status, 200);
+  const auto lines = SseDataLines(stream.body);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back()["error"]["message"], Json::parse(whole.body)["error"]["message"]);
+}
+
+// --- OpenAI completions ------------------------------------------------------------------------
+
+Json FoldCompletionStream(const std::string& body) {
+  Json choices = Json::array();
+  Json usage;
+  for (const Json& chunk : SseDataLines(body)) {
+    if (chunk.contains("usage") && !chunk["usage"].is_null()) usage = chunk["usage"];
+    for (const Json& c : chunk["choices"]) {
+      const size_t i = c["index"];
+      while (choices.size() <= i)
+        choices.push_back({{"index", choices.size()},
+                           {"text", ""},
+                           {"logprobs",
+                            {{"tokens", Json::array()},
+                             {"token_logprobs", Json::array()},
+                             {"top_logprobs", Json::array()},
+                             {"text_offset", Json::array()}}},
+                           {"finish_reason", nullptr}});
+      Json& out = choices[i];
+      out["text"] = out["text"].get<std::string>() + c["text"].get<std::string>();
+      if (c["logprobs"].is_object())
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const Json& v : c["logprobs"][key]) out["logprobs"][key].push_back(v);
+      if (!c["finish_reason"].is_null()) out["finish_reason"] = c["finish_reason"];
+    }
+  }
+  return {{"choices", choices}, {"usage", usage}};
+}
+
+TEST(ResultAgreement, CompletionsAtEveryTruncationWithEchoAndLogprobs) {
+  const std::string body =
+      R"({"prompt":"Once upon","n":2,"echo":true,"logprobs":2,"stop":["final"]})";
+  const std::string output = "a time, there was text.\nThe end is final here.";
+  for (int max_tokens = 1; max_tokens <= TokenCount(output) + 1; ++max_tokens) {
+    const std::string request = WithMaxTokens(body, max_tokens);
+    const Reply whole = Service().Post("/v1/completions", request, output);
+    std::string stream_request = Streamed(request);
+    stream_request.pop_back();
+    stream_request += R"(,"stream_options":{"include_usage":true}})";
+    const Reply stream = Service().Post("/v1/completions", stream_request, output);
+    ASSERT_EQ(whole.status, 200) << whole.body;
+    ASSERT_EQ(stream.status, 200) << stream.body;
+    Json a = Json::parse(whole.body);
+    a = {{"choices", a["choices"]}, {"usage", a["usage"]}};
+    const Json b = FoldCompletionStream(stream.body);
+    EXPECT_EQ(a, b) << "max_tokens " << max_tokens << "\nnon-streamed: " << a.dump()
+                    << "\nstreamed:     " << b.dump();
+    // The echoed prompt comes first, and each logprob's offset points at its token's text (the
+    // token a stop sequence cut shows as far as the text goes).
+    const Json& c = a["choices"][0];
+    const std::string text = c["text"];
+    EXPECT_EQ(text.rfind("Once upon", 0), 0u);
+    for (size_t t = 0; t < c["logprobs"]["tokens"].size(); ++t) {
+      const size_t offset = c["logprobs"]["text_offset"][t];
+      const std::string token = c["logprobs"]["tokens"][t];
+      ASSERT_LE(offset, text.size());
+      EXPECT_EQ(text.substr(offset, token.size()), token.substr(0, text.size() - offset))
+          << "token " << t;
+    }
+  }
+}
+
+// --- Anthropic messages ------------------------------------------------------------------------
+
+// Folds the events the way the anthropic SDK's MessageStream accumulates them.
+Json FoldMessagesStream(const std::string& body) {
+  Json message;
+  std::vector<std::string> partial_json;
+  for (const Json& e : SseDataLines(body)) {
+    const std::string type = e["type"];
+    if (type == "message_start") {
+      message = e["message"];
+    } else if (type == "content_block_start") {
+      message["content"].push_back(e["content_block"]);
+      partial_json.emplace_back();
+    } else if (type == "content_block_delta") {
+      Json& block = message["content"][e["index"].get<size_t>()];
+      const Json& d = e["delta"];
+      if (d["type"] == "text_delta")
+        block["text"] = block["text"].get<std::string>() + d["text"].get<std::string>();
+      else if (d["type"] == "thinking_delta")
+        block["thinking"] = block["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+      else if (d["type"] == "signature_delta")
+        block["signature"] = d["signature"];
+      else if (d["type"] == "input_json_delta")
+        partial_json[e["index"].get<size_t>()] += d["partial_json"].get<std::string>();
+    } else if (type == "content_block_stop") {
+      const size_t i = e["index"];
+      if (message["content"][i]["type"] == "tool_use")
+        message["content"][i]["input"] = Json::parse(partial_json[i]);
+    } else if (type == "message_delta") {
+      message["stop_reason"] = e["delta"]["stop_reason"];
+      message["stop_sequence"] = e["delta"]["stop_sequence"];
+      message["usage"] = e["usage"];
+    }
+  }
+  return message;
+}
+
+// Ids name the message; replaced, so two requests compare.
+Json WithoutMessageId(Json message) {
+  const std::string id = message["id"];
+  return Json::parse(WithoutResponseId(message.dump(), id.substr(4)));
+}
+
+TEST(ResultAgreement, MessagesAtEveryTruncation) {
+  const std::string body =
+      R"({"model":"claude-x","messages":[{"role":"user","content":"weather?"}],)"
+      R"("thinking":{"type":"enabled","budget_tokens":1024},"stop_sequences":["final"],)"
+      R"("tools":[{"name":"get_weather","input_schema":{"type":"object"}},)"
+      R"({"name":"get_time","input_schema":{"type":"object"}}]})";
+  for (const std::string& output : {kToolOutput, kTextOutput}) {
+    for (int max_tokens = 1; max_tokens <= TokenCount(output) + 1; ++max_tokens) {
+      const std::string request = WithMaxTokens(body, max_tokens);
+      const Reply whole = Service().Post("/v1/messages", request, output);
+      const Reply stream = Service().Post("/v1/messages", Streamed(request), output);
+      ASSERT_EQ(whole.status, 200) << whole.body;
+      ASSERT_EQ(stream.status, 200) << stream.body;
+      const Json a = WithoutMessageId(Json::parse(whole.body));
+      const Json b = WithoutMessageId(FoldMessagesStream(stream.body));
+      EXPECT_EQ(a["content"], b["content"]) << "max_tokens " << max_tokens;
+      for (const char* key : {"stop_reason", "stop_sequence"})
+        EXPECT_EQ(a[key], b[key]) << key << " at max_tokens " << max_tokens;
+      EXPECT_EQ(a["usage"]["output_tokens"], b["usage"]["output_tokens"]);
+      EXPECT_EQ(a["usage"]["input_tokens"], b["usage"]["input_tokens"]);
+      // Every answer has a text or tool_use block.
+      bool answered = false;
+      for (const Json& block : a["content"]) answered |= block["type"] != "thinking";
+      EXPECT_TRUE(answered) << a.dump();
+    }
+  }
+}
+
+// --- OpenAI responses --------------------------------------------------------------------------
+
+Json NormalizeResponse(Json response) {
+  const std::string id = response["id"];
+  Json out = Json::parse(WithoutResponseId(response.dump(), id));
+  for (const char* key : {"created_at", "completed_at"}) out.erase(key);
+  return out;
+}
+
+TEST(ResultAgreement, ResponsesAtEveryTruncation) {
+  const std::string body =
+      R"({"input":"weather?","tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}},)"
+      R"({"type":"function","name":"get_time","parameters":{"type":"object"}}]})";
+  for (const std::string& output : {kToolOutput, kTextOutput}) {
+    for (int max_tokens = 1; max_tokens <= TokenCount(output) + 1; ++max_tokens) {
+      const std::string request = WithMaxTokens(body, max_tokens, "max_output_tokens");
+      const Reply whole = Service().Post("/v1/responses", request, output);
+      const Reply stream = Service().Post("/v1/responses", Streamed(request), output);
+      ASSERT_EQ(whole.status, 200) << whole.body;
+      ASSERT_EQ(stream.status, 200) << stream.body;
+      const auto events = SseDataLines(stream.body);
+      ASSERT_FALSE(events.empty());
+      const Json a = NormalizeResponse(Json::parse(whole.body));
+      const Json b = NormalizeResponse(events.back()["response"]);
+      EXPECT_EQ(a, b) << "max_tokens " << max_tokens;
+      // The deltas add up to the final items.
+      std::string text, reasoning, arguments;
+      for (const Json& e : events) {
+        if (e["type"] == "response.output_text.delta") text += e["delta"];
+        if (e["type"] == "response.reasoning_text.delta") reasoning += e["delta"];
+        if (e["type"] == "response.function_call_arguments.delta") arguments += e["delta"];
+      }
+      std::string want_text, want_reasoning, want_arguments;
+      for (const Json& item : a["output"]) {
+        if (item["type"] == "message") want_text += item["content"][0]["text"];
+        if (item["type"] == "reasoning") want_reasoning += item["content"][0]["text"];
+        if (item["type"] == "function_call") want_arguments += item["arguments"];
+      }
+      EXPECT_EQ(text, want_text);
+      EXPECT_EQ(reasoning, want_reasoning);
+      EXPECT_EQ(arguments, want_arguments);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsinfer::server::testing
