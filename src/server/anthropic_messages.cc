@@ -7,22 +7,39 @@
 namespace dsinfer::server {
 namespace {
 
+// What deepseek-recipe's Messages converter writes for a document block it cannot read.
+Result<std::string> DocumentText(const Json& block, const std::string& path) {
+  const Json* source = block.contains("source") ? &block["source"] : nullptr;
+  DSINFER_ASSIGN_OR_RETURN(
+      std::string media_type,
+      StringField(source ? *source : Json(), "media_type", path + ".source", "unknown"));
+  return "[Unsupported document type: " + media_type + "]";
+}
+
+// Text of a block list (text and document blocks), joined by blank lines as the official
+// converter joins them; an image is refused (422).
 Result<std::string> BlocksText(const Json& content, const std::string& path) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array())
     return InvalidArgument(path + ": must be a string or an array of blocks");
   std::string out;
-  for (const auto& block : content) {
-    if (!block.is_object()) return InvalidArgument(path + ": blocks must be objects");
-    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", path));
+  for (size_t i = 0; i < content.size(); ++i) {
+    const Json& block = content[i];
+    const std::string bpath = path + "[" + std::to_string(i) + "]";
+    if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", bpath));
+    if (i) out += "\n\n";
     if (type == "text") {
       if (!block.contains("text") || !block["text"].is_string())
-        return InvalidArgument(path + ": text block needs a string 'text'");
+        return InvalidArgument(bpath + ".text: must be a string");
       out += block["text"].get<std::string>();
     } else if (type == "document") {
-      out += "[document]";  // placeholder, as the reference converter does
+      DSINFER_ASSIGN_OR_RETURN(std::string text, DocumentText(block, bpath));
+      out += text;
+    } else if (type == "image") {
+      return Unimplemented(bpath + ": image input is not supported by this model");
     } else {
-      return InvalidArgument(path + ": unsupported block type '" + type + "'");
+      return InvalidArgument(bpath + ": unsupported block type '" + type + "'");
     }
   }
   return out;
@@ -215,6 +232,10 @@ class MessageResult final : public GenerationObserver {
 
 }  // namespace
 
+// Follows deepseek-recipe's MessagesRequest conversion: text blocks joined by blank lines, a
+// user message's tool_result blocks first (as tool messages) and its other blocks after them,
+// tool_choice "any" as "auto" (the converter forces only a named tool), thinking "adaptive" as
+// enabled.
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   (void)default_thinking;
   Json messages = Json::array();
@@ -226,6 +247,7 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   auto input = body.find("messages");
   if (input == body.end() || !input->is_array())
     return InvalidArgument("messages: must be an array");
+  if (input->empty()) return InvalidArgument("messages: must not be empty");
   for (size_t i = 0; i < input->size(); ++i) {
     const Json& msg = (*input)[i];
     const std::string path = "messages[" + std::to_string(i) + "]";
@@ -241,51 +263,60 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
     }
     if (!content->is_array())
       return InvalidArgument(path + ".content: must be a string or an array of blocks");
-    Json out = {{"role", role}, {"content", ""}};
+    if (content->empty()) return InvalidArgument(path + ".content: must not be empty");
     std::string text, reasoning;
-    bool has_reasoning = false;
+    bool has_text = false, has_reasoning = false;
     Json tool_calls = Json::array();
     for (size_t b = 0; b < content->size(); ++b) {
       const Json& block = (*content)[b];
       const std::string bpath = path + ".content[" + std::to_string(b) + "]";
       if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
       DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", bpath));
+      std::string piece;
       if (type == "text") {
         if (!block.contains("text") || !block["text"].is_string())
           return InvalidArgument(bpath + ".text: must be a string");
-        text += block["text"].get<std::string>();
+        piece = block["text"].get<std::string>();
+      } else if (type == "document") {
+        DSINFER_ASSIGN_OR_RETURN(piece, DocumentText(block, bpath));
+      } else if (type == "image") {
+        return Unimplemented(bpath + ": image input is not supported by this model");
       } else if (type == "thinking" && role == "assistant") {
-        if (block.contains("thinking") && block["thinking"].is_string())
-          reasoning += block["thinking"].get<std::string>();
+        DSINFER_ASSIGN_OR_RETURN(std::string thinking, StringField(block, "thinking", bpath));
+        reasoning += thinking;
         has_reasoning = true;  // any signature is accepted: they are not portable
-      } else if (type == "redacted_thinking") {
         continue;
       } else if (type == "tool_use" && role == "assistant") {
         if (!block.contains("name") || !block["name"].is_string())
           return InvalidArgument(bpath + ".name: must be a string");
         Json input_obj = block.value("input", Json::object());
+        if (!input_obj.is_object()) return InvalidArgument(bpath + ".input: must be an object");
         DSINFER_ASSIGN_OR_RETURN(std::string id, StringField(block, "id", bpath));
         tool_calls.push_back(
             {{"id", id},
              {"type", "function"},
              {"function", {{"name", block["name"]}, {"arguments", Dump(input_obj)}}}});
+        continue;
       } else if (type == "tool_result" && role == "user") {
+        if (has_text)
+          return InvalidArgument(bpath + ": tool_result blocks must come before other content");
         std::string result;
         if (block.contains("content") && !block["content"].is_null()) {
           DSINFER_ASSIGN_OR_RETURN(result, BlocksText(block["content"], bpath + ".content"));
         }
         DSINFER_ASSIGN_OR_RETURN(std::string tool_use_id, StringField(block, "tool_use_id", bpath));
         messages.push_back({{"role", "tool"}, {"tool_call_id", tool_use_id}, {"content", result}});
-      } else if (type == "image") {
-        return Unimplemented(bpath + ": image input is not supported by this model");
-      } else if (type == "document") {
-        text += "[document]";
+        continue;
       } else {
-        return InvalidArgument(bpath + ": unsupported block type '" + type + "'");
+        return InvalidArgument(bpath + ": unsupported block type '" + type + "' in a " + role +
+                               " message");
       }
+      if (has_text) text += "\n\n";
+      text += piece;
+      has_text = true;
     }
-    if (role == "user" && text.empty()) continue;  // only tool results
-    out["content"] = text;
+    if (role == "user" && !has_text) continue;  // only tool results
+    Json out = {{"role", role}, {"content", text}};
     if (has_reasoning) out["reasoning_content"] = reasoning;
     if (!tool_calls.empty()) out["tool_calls"] = tool_calls;
     messages.push_back(out);
@@ -300,7 +331,8 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
       const std::string tpath = "tools[" + std::to_string(i) + "]";
       if (!t.is_object()) return InvalidArgument(tpath + ": must be an object");
       DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(t, "type", tpath, "custom"));
-      if (type.rfind("web_search", 0) == 0) continue;  // server tools are not offered
+      if (type.rfind("web_search", 0) == 0)
+        return Unimplemented(tpath + ": server tools (web_search) are not supported");
       DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(t, "name", tpath));
       Json fn = {{"name", name}};
       if (t.contains("description")) fn["description"] = t["description"];
@@ -310,21 +342,29 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
     chat["tools"] = converted;
   }
   auto choice = body.find("tool_choice");
-  if (choice != body.end() && choice->is_object()) {
+  if (choice != body.end() && !choice->is_null()) {
+    if (!choice->is_object()) return InvalidArgument("tool_choice: must be an object");
     DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(*choice, "type", "tool_choice", "auto"));
-    DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(*choice, "name", "tool_choice"));
-    if (type == "any")
-      chat["tool_choice"] = "required";
-    else if (type == "none")
+    if (type == "none") {
       chat["tool_choice"] = "none";
-    else if (type == "tool")
+    } else if (type == "tool") {
+      DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(*choice, "name", "tool_choice"));
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
-    else
+    } else if (type == "auto" || type == "any") {
       chat["tool_choice"] = "auto";
+    } else {
+      return InvalidArgument("tool_choice.type: unknown value '" + type + "'");
+    }
   }
   auto thinking = body.find("thinking");
-  if (thinking != body.end() && thinking->is_object()) {
-    std::string type = thinking->value("type", "");
+  if (thinking != body.end() && !thinking->is_null()) {
+    if (!thinking->is_object()) return InvalidArgument("thinking: must be an object");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(*thinking, "type", "thinking"));
+    auto budget = OptInt(*thinking, "budget_tokens");
+    if (!budget.ok() || (*budget && **budget < 0))
+      return InvalidArgument("thinking.budget_tokens: must be a non-negative integer");
+    if (type != "enabled" && type != "disabled" && type != "adaptive")
+      return InvalidArgument("thinking.type: unknown value '" + type + "'");
     chat["thinking"] = {{"type", type == "disabled" ? "disabled" : "enabled"}};
   }
   auto output_config = body.find("output_config");
@@ -341,9 +381,9 @@ namespace {
 
 Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
   DSINFER_ASSIGN_OR_RETURN(Json chat_json, MessagesToChatJson(body, core.options.default_thinking));
-  DSINFER_ASSIGN_OR_RETURN(
-      auto chat,
-      text::ChatRequestFromJsonValue(chat_json, core.model.version, core.options.default_thinking));
+  DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJsonValue(chat_json, core.model.version,
+                                                                     core.options.default_thinking,
+                                                                     /*keep_empty_system=*/true));
   return core.EncodeChat(chat);
 }
 

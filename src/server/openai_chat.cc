@@ -147,37 +147,6 @@ class ChatResult final : public OpenAIResult {
   const bool logprobs_;
 };
 
-// chat_template_kwargs {"thinking": bool, "reasoning_effort": str} is vLLM/SGLang's spelling of
-// the DeepSeek fields; the DeepSeek fields win when both are present.
-Status ApplyTemplateKwargs(const Json& body, text::ChatRequest* chat) {
-  auto it = body.find("chat_template_kwargs");
-  if (it == body.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return InvalidArgument("chat_template_kwargs: must be an object");
-  bool explicit_thinking = body.contains("thinking") && !body["thinking"].is_null();
-  for (const char* key : {"thinking", "enable_thinking"}) {
-    auto t = it->find(key);
-    if (t == it->end() || explicit_thinking) continue;
-    if (!t->is_boolean())
-      return InvalidArgument(std::string("chat_template_kwargs.") + key + ": must be a boolean");
-    chat->thinking = t->get<bool>();
-  }
-  auto effort = it->find("reasoning_effort");
-  if (effort != it->end() && effort->is_string() && !body.contains("reasoning_effort")) {
-    std::string e = effort->get<std::string>();
-    if (e == "low" || e == "minimal")
-      chat->reasoning_effort = text::ReasoningEffort::kLow;
-    else if (e == "medium" || e == "high")
-      chat->reasoning_effort = text::ReasoningEffort::kHigh;
-    else if (e == "xhigh")
-      chat->reasoning_effort = text::ReasoningEffort::kXhigh;
-    else if (e == "max")
-      chat->reasoning_effort = text::ReasoningEffort::kMax;
-    else
-      return InvalidArgument("chat_template_kwargs.reasoning_effort: unknown value '" + e + "'");
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 void HandleChatCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
@@ -214,22 +183,6 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   auto chat =
       text::ChatRequestFromJsonValue(*body, core.model.version, core.options.default_thinking);
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
-  Status kwargs = ApplyTemplateKwargs(*body, &*chat);
-  if (!kwargs.ok()) return SendError(sink, FromStatus(kwargs), flavor);
-  if (chat->response_format.type == text::ResponseFormatType::kJsonObject) {
-    bool mentions_json = false;
-    for (const auto& m : chat->messages) {
-      std::string lower = m.content;
-      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      mentions_json |= lower.find("json") != std::string::npos;
-    }
-    if (!mentions_json)
-      return SendError(
-          sink,
-          BadRequest("response_format json_object requires the word 'json' in the messages",
-                     "response_format"),
-          flavor);
-  }
   if (chat->response_format.type == text::ResponseFormatType::kRegex)
     return SendError(sink, Unsupported("response_format regex is not supported", "response_format"),
                      flavor);

@@ -176,7 +176,7 @@ TEST(ResultAgreement, ChatAtEveryTruncation) {
     ExpectChatAgrees(plain, kTextOutput, max_tokens);
   // A tool call the prompt forced open (tool_choice required).
   const std::string forced = R"({"messages":[{"role":"user","content":"x"}],)" + kChatTools +
-                             R"(,"tool_choice":"required"})";
+                             R"(,"tool_choice":"required","thinking":{"type":"disabled"}})";
   const std::string forced_output = kToolOutput.substr(kToolOutput.find("<｜DSML｜invoke"));
   for (int max_tokens = 1; max_tokens <= TokenCount(forced_output) + 1; ++max_tokens)
     ExpectChatAgrees(forced, forced_output, max_tokens);

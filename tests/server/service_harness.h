@@ -34,9 +34,11 @@ class TextEngine final : public EnginePort {
   explicit TextEngine(const text::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string text;  // what every choice generates
   EngineFailure failure = EngineFailure::kNone;
+  runtime::RequestParams last_params;  // of the latest request submitted (the rendered prompt)
 
   Result<std::shared_ptr<runtime::RequestStream>> Submit(runtime::RequestParams params) override {
     if (failure == EngineFailure::kRefuse) return ResourceExhausted("request queue is full");
+    last_params = params;
     auto stream = std::make_shared<runtime::RequestStream>("harness");
     auto encoded = tokenizer_.Encode(text, /*allow_special=*/true);
     const std::vector<int32_t> tokens = encoded.ok() ? *encoded : std::vector<int32_t>{};
@@ -162,12 +164,18 @@ class InProcessService {
       "/v1/chat/completions",      "/v1/completions", "/v1/responses", "/v1/messages",
       "/v1/messages/count_tokens", "/tokenize",       "/detokenize",   "/v1/chat/completions"};
 
-  explicit InProcessService(text::Tokenizer tokenizer)
+  explicit InProcessService(text::Tokenizer tokenizer, ModelInfo info = DefaultInfo())
       : tokenizer_(std::move(tokenizer)), engine_(tokenizer_), service_(ServiceOptions{}) {
-    ModelInfo info;
-    info.max_model_len = 4096;
     service_.Attach(&engine_, &tokenizer_, info);
   }
+  static ModelInfo DefaultInfo() {
+    ModelInfo info;
+    info.max_model_len = 4096;
+    return info;
+  }
+  const text::Tokenizer& tokenizer() const { return tokenizer_; }
+  // What the engine was asked for by the latest request that reached it.
+  const runtime::RequestParams& last_params() const { return engine_.last_params; }
   static std::string TokenizerPath() {
     return std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
   }
@@ -181,6 +189,7 @@ class InProcessService {
     request.body = std::move(body);
     engine_.text = std::move(generated);
     engine_.failure = failure;
+    engine_.last_params = {};
     Reply reply;
     CheckingSink sink(reply, failure);
     service_.Handle(request, sink);
