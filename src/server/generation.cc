@@ -26,6 +26,8 @@ text::OutputParserOptions ParserOptions(const GenerationSpec& spec) {
   o.starts_in_tool_calls = spec.forced_tool_call;
   o.parse_json_output = spec.json_output;
   o.stop_sequences = spec.stop;
+  // Nothing the model writes is dropped: unparsable tool-call or JSON-mode text is content.
+  o.recover_unparsed = true;
   return o;
 }
 
@@ -129,6 +131,7 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver& 
     ++sample.completion_tokens;
     if (state.in_reasoning) ++sample.reasoning_tokens;
     if (eos && token == *eos) continue;  // the end-of-message marker is not output text
+    if (spec_.skip_special_tokens && tokenizer_.IsSpecial(token)) continue;
     text += state.detokenizer.Next(token);
   }
   state.unsent_logprobs.insert(state.unsent_logprobs.end(), event.logprobs.begin(),

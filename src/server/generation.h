@@ -35,6 +35,10 @@ struct GenerationSpec {
   bool raw_text = false;          // /v1/completions: text passes through verbatim (no parsing)
   bool forced_tool_call = false;  // the prompt opened the DSML block (tool_choice required)
   bool json_output = false;       // response_format json_object
+  // vLLM's skip_special_tokens: tokens the tokenizer flags "special" (placeholders, BOS, ...) are
+  // left out of the text. The chat markup (<think>, ｜DSML｜, ...) is not flagged special, and the
+  // end-of-message token is never text.
+  bool skip_special_tokens = true;
   std::vector<std::string> stop;  // stop sequences, matched in answer text only
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };

@@ -375,3 +375,149 @@ TEST(ResultAgreement, ResponsesAtEveryTruncation) {
 
 }  // namespace
 }  // namespace dsinfer::server::testing
+
+namespace dsinfer::server::testing {
+namespace {
+
+// The text a reply carries (content, reasoning, tool names and arguments), streamed or not, for
+// every API, and the number of tool calls.
+struct Carried {
+  std::string text;
+  int tool_calls = 0;
+};
+
+Carried CarriedBy(const std::string& path, const Reply& reply, bool streamed) {
+  Carried out;
+  if (path == "/v1/chat/completions") {
+    const Json j = streamed ? FoldChatStream(reply.body) : NormalizeChat(Json::parse(reply.body));
+    for (const Json& c : j["choices"]) {
+      out.text += c["reasoning_content"].get<std::string>() + c["content"].get<std::string>();
+      for (const Json& t : c["tool_calls"]) {
+        out.text += t["name"].get<std::string>() + t["arguments"].get<std::string>();
+        ++out.tool_calls;
+      }
+    }
+  } else if (path == "/v1/messages") {
+    const Json m = streamed ? FoldMessagesStream(reply.body) : Json::parse(reply.body);
+    for (const Json& b : m["content"]) {
+      if (b["type"] == "thinking") out.text += b["thinking"].get<std::string>();
+      if (b["type"] == "text") out.text += b["text"].get<std::string>();
+      if (b["type"] == "tool_use") {
+        out.text += b["name"].get<std::string>() + b["input"].dump();
+        ++out.tool_calls;
+      }
+    }
+  } else {
+    const Json r = streamed ? SseDataLines(reply.body).back()["response"] : Json::parse(reply.body);
+    for (const Json& item : r["output"]) {
+      if (item["type"] == "function_call") {
+        out.text += item["name"].get<std::string>() + item["arguments"].get<std::string>();
+        ++out.tool_calls;
+      } else {
+        out.text += item["content"][0]["text"].get<std::string>();
+      }
+    }
+  }
+  return out;
+}
+
+struct Api {
+  const char* path;
+  std::string tools;        // the request's tools field
+  std::string forced;       // fields that force a call of get_weather, thinking disabled
+  std::string json_object;  // fields that ask for a JSON object, thinking disabled
+};
+
+const Api kApis[] = {
+    {"/v1/chat/completions", kChatTools,
+     R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"thinking":{"type":"disabled"})",
+     R"("response_format":{"type":"json_object"},"thinking":{"type":"disabled"})"},
+    {"/v1/messages",
+     R"("tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}}])",
+     R"("tool_choice":{"type":"tool","name":"get_weather"},"thinking":{"type":"disabled"})", ""},
+    {"/v1/responses",
+     R"("tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}},{"type":"function","name":"get_time","parameters":{"type":"object"}}])",
+     R"("tool_choice":{"type":"function","name":"get_weather"},"reasoning":{"effort":"none"})",
+     R"("text":{"format":{"type":"json_object"}},"reasoning":{"effort":"none"})"},
+};
+
+std::string Body(const Api& api, const std::string& extra) {
+  const bool messages = std::string(api.path) == "/v1/messages";
+  const bool responses = std::string(api.path) == "/v1/responses";
+  std::string body =
+      responses  ? R"({"input":"answer in json please",)"
+      : messages ? R"({"max_tokens":256,"messages":[{"role":"user","content":"json please"}],)"
+                 : R"({"messages":[{"role":"user","content":"json please"}],)";
+  return body + api.tools + (extra.empty() ? "" : "," + extra) + "}";
+}
+
+// Issue 31: whatever the model writes reaches the client. Model-opened tool-call markup cut after
+// every byte comes back as a call or as its own text; a forced call the model never makes comes
+// back as text; JSON mode without JSON comes back as the text.
+TEST(NothingGeneratedIsLost, ToolMarkupCutAtEveryByteForEveryApi) {
+  const size_t block = kToolOutput.find("\n\n<｜DSML｜tool_calls>");
+  const size_t named = kToolOutput.find("get_weather\">") + std::string("get_weather\"").size();
+  for (const Api& api : kApis) {
+    for (size_t cut = block + 2; cut <= named + 8; ++cut) {
+      const std::string output = kToolOutput.substr(0, cut);
+      if (!text::IsValidUtf8(output)) continue;  // the engine generates tokens, whole characters
+      for (bool streamed : {false, true}) {
+        std::string body = Body(api, "");
+        if (streamed) body = Streamed(body);
+        const Reply reply = Service().Post(api.path, body, output);
+        ASSERT_EQ(reply.status, 200) << reply.body;
+        const Carried c = CarriedBy(api.path, reply, streamed);
+        if (cut >= named)
+          EXPECT_EQ(c.tool_calls, 1) << api.path << " cut " << cut;
+        else
+          EXPECT_NE(c.text.find(output.substr(block + 2)), std::string::npos)
+              << api.path << (streamed ? " streamed" : "") << " cut " << cut << ": " << c.text;
+      }
+    }
+  }
+}
+
+TEST(NothingGeneratedIsLost, ForcedToolCallAndJsonModeKeepTheText) {
+  const std::string refusal = "I will not call a tool; the answer is 42.";
+  for (const Api& api : kApis) {
+    for (bool streamed : {false, true}) {
+      std::string body = Body(api, api.forced);
+      if (streamed) body = Streamed(body);
+      const Reply forced = Service().Post(api.path, body, refusal);
+      ASSERT_EQ(forced.status, 200) << api.path << " " << forced.body;
+      EXPECT_NE(CarriedBy(api.path, forced, streamed).text.find(refusal), std::string::npos)
+          << api.path << " " << forced.body;
+      if (api.json_object.empty()) continue;
+      body = Body(api, api.json_object);
+      if (streamed) body = Streamed(body);
+      const Reply json = Service().Post(api.path, body, "No JSON from me.");
+      ASSERT_EQ(json.status, 200) << api.path << " " << json.body;
+      EXPECT_EQ(CarriedBy(api.path, json, streamed).text, "No JSON from me.") << json.body;
+    }
+  }
+}
+
+// vLLM's skip_special_tokens: placeholder tokens are left out by default, kept when asked.
+TEST(NothingGeneratedIsLost, SpecialTokensFollowSkipSpecialTokens) {
+  const std::string output = "a<｜place▁holder▁no▁3｜>b";
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"})";
+  Json skipped = Json::parse(Service().Post("/v1/chat/completions", body + "}", output).body);
+  EXPECT_EQ(skipped["choices"][0]["message"]["content"], "ab");
+  Json kept = Json::parse(
+      Service()
+          .Post("/v1/chat/completions", body + R"(,"skip_special_tokens":false})", output)
+          .body);
+  EXPECT_EQ(kept["choices"][0]["message"]["content"], output);
+  Json completion = Json::parse(
+      Service()
+          .Post("/v1/completions", R"({"prompt":"x","skip_special_tokens":false})", output)
+          .body);
+  EXPECT_EQ(completion["choices"][0]["text"], output);
+  EXPECT_EQ(
+      Service().Post("/v1/chat/completions", body + R"(,"skip_special_tokens":1})", output).status,
+      400);
+}
+
+}  // namespace
+}  // namespace dsinfer::server::testing
