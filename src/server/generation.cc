@@ -47,6 +47,11 @@ Result<std::unique_ptr<Generation>> Generation::Start(EnginePort& engine,
                                                       const text::Tokenizer& tokenizer,
                                                       ServerMetrics& metrics, GenerationSpec spec) {
   spec.stop.erase(std::remove(spec.stop.begin(), spec.stop.end(), std::string()), spec.stop.end());
+  for (const auto& [id, bias] : spec.params.logit_bias)
+    if (id < 0 || id >= tokenizer.vocab_size())
+      return InvalidArgument("logit_bias: token id " + std::to_string(id) +
+                             " is outside the vocabulary (" +
+                             std::to_string(tokenizer.vocab_size()) + " tokens)");
   DSINFER_ASSIGN_OR_RETURN(auto stream, engine.Submit(spec.params));
   return std::unique_ptr<Generation>(
       new Generation(tokenizer, metrics, std::move(spec), std::move(stream)));
@@ -111,6 +116,10 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver& 
   if (event.index < 0 || event.index >= static_cast<int>(samples_.size())) return true;
   SampleState& state = *states_[event.index];
   SampleOutput& sample = samples_[event.index];
+  if (!event.prompt_logprobs.empty() && !prompt_logprobs_seen_) {
+    prompt_logprobs_seen_ = true;
+    if (!observer.OnPromptLogprobs(event.prompt_logprobs)) return false;
+  }
   if (sample.done) return true;  // stopped by a stop sequence; later tokens are discarded
   const auto now = Clock::now();
   if (!event.tokens.empty()) {

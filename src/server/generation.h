@@ -67,6 +67,11 @@ class GenerationObserver {
                        std::span<const runtime::TokenLogprob> logprobs) = 0;
   // No event for a while (queued or in a long prefill): a chance to send an SSE keep-alive.
   virtual bool OnIdle() { return true; }
+  // The prompt's logprobs (RequestParams::prompt_logprobs), once, before any delta: one entry per
+  // prompt token after the first.
+  virtual bool OnPromptLogprobs(std::span<const runtime::TokenLogprob> /*logprobs*/) {
+    return true;
+  }
   // A sample finished (its SampleOutput is final).
   virtual bool OnSampleDone(int /*index*/, std::span<const runtime::TokenLogprob> /*logprobs*/) {
     return true;
@@ -113,6 +118,7 @@ class Generation {
   Status error_;
   bool finished_ = false;
   bool first_token_seen_ = false;
+  bool prompt_logprobs_seen_ = false;
   std::chrono::steady_clock::time_point last_token_time_;
 };
 

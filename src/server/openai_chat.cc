@@ -31,12 +31,13 @@ std::string ToolCallId(const std::string& response_id, int index) {
 class ChatResult final : public OpenAIResult {
  public:
   ChatResult(Service::Core& core, ResponseSink& sink, std::string id, StreamOptions options, int n,
-             bool thinking, bool logprobs)
+             bool thinking, bool logprobs, int prompt_logprobs)
       : OpenAIResult(core, sink, std::move(id), "chat.completion", "chat.completion.chunk",
                      options),
         choices_(static_cast<size_t>(n)),
         thinking_(thinking),
-        logprobs_(logprobs) {}
+        logprobs_(logprobs),
+        prompt_logprobs_(prompt_logprobs) {}
 
   // Streaming: the head and the chunk that gives every choice its role.
   bool Begin() {
@@ -88,6 +89,15 @@ class ChatResult final : public OpenAIResult {
     return WriteChunk(Json::array({ChunkChoice(index, delta, Logprobs(c, lps), nullptr)}));
   }
 
+  // vLLM's prompt_logprobs: a top-level field; streamed, one chunk without choices.
+  bool OnPromptLogprobs(std::span<const runtime::TokenLogprob> lps) override {
+    if (prompt_logprobs_ < 0) return true;
+    prompt_lps_.assign(lps.begin(), lps.end());
+    return WriteChunk(Json::array(),
+                      Json{{"prompt_logprobs",
+                            VllmPromptLogprobs(*core_.tokenizer, prompt_lps_, prompt_logprobs_)}});
+  }
+
   bool OnSampleDone(int index, std::span<const runtime::TokenLogprob> lps) override {
     Choice& c = choices_[index];
     c.finish_reason = OpenAIFinishReason(generation_->samples()[index]);
@@ -136,6 +146,12 @@ class ChatResult final : public OpenAIResult {
     return choices;
   }
 
+  void AddFields(Json& response) const override {
+    if (prompt_logprobs_ >= 0)
+      response["prompt_logprobs"] =
+          VllmPromptLogprobs(*core_.tokenizer, prompt_lps_, prompt_logprobs_);
+  }
+
   int64_t ReasoningTokens() const override {
     int64_t n = 0;
     for (const auto& s : generation_->samples()) n += s.reasoning_tokens;
@@ -145,6 +161,8 @@ class ChatResult final : public OpenAIResult {
   std::vector<Choice> choices_;
   const bool thinking_;
   const bool logprobs_;
+  const int prompt_logprobs_;  // vLLM's prompt_logprobs: top alternatives; -1: not asked for
+  std::vector<runtime::TokenLogprob> prompt_lps_;
 };
 
 }  // namespace
@@ -172,6 +190,11 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   if (*top_logprobs && !logprobs->value_or(false))
     return SendError(sink, BadRequest("top_logprobs: requires logprobs to be true", "top_logprobs"),
                      flavor);
+  auto prompt_logprobs = OptInt(*body, "prompt_logprobs");
+  if (!prompt_logprobs.ok()) return SendError(sink, FromStatus(prompt_logprobs.status()), flavor);
+  if (*prompt_logprobs && (**prompt_logprobs < 0 || **prompt_logprobs > 20))
+    return SendError(sink, BadRequest("prompt_logprobs: must be in [0, 20]", "prompt_logprobs"),
+                     flavor);
   auto max_tokens = OptInt(*body, "max_completion_tokens");
   if (max_tokens.ok() && !*max_tokens) max_tokens = OptInt(*body, "max_tokens");
   if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
@@ -198,6 +221,9 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   spec.params.top_logprobs =
       logprobs->value_or(false) ? static_cast<int>(top_logprobs->value_or(0)) : -1;
   spec.params.request_id = id;
+  const int spec_prompt_logprobs =
+      prompt_logprobs->has_value() ? static_cast<int>(**prompt_logprobs) : -1;
+  spec.params.prompt_logprobs = spec_prompt_logprobs;
   spec.thinking = encoded->thinking;
   spec.parse_tools = encoded->has_tools;
   spec.forced_tool_call = encoded->forced_tool_call;
@@ -211,7 +237,7 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
   ChatResult result(core, sink, id, *stream_options,
                     static_cast<int>((*generation)->samples().size()), encoded->thinking,
-                    logprobs->value_or(false));
+                    logprobs->value_or(false), prompt_logprobs->has_value());
   result.set_generation(generation->get());
   if (!result.Begin()) return;
   result.Finish((*generation)->Run(result, &sink));

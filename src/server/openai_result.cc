@@ -45,6 +45,29 @@ Json OpenAIUsage(const runtime::Usage& u, int64_t reasoning_tokens) {
               {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_prompt_tokens}};
 }
 
+Json VllmPromptLogprobs(const text::Tokenizer& tok, std::span<const runtime::TokenLogprob> lps,
+                        int top_k) {
+  Json out = Json::array({nullptr});  // the first prompt token has nothing before it
+  for (const auto& lp : lps) {
+    Json entry = Json::object();
+    auto add = [&](int32_t id, float logprob, std::optional<int> rank) {
+      const std::string key = std::to_string(id);
+      if (entry.contains(key)) return;
+      entry[key] = {{"logprob", logprob},
+                    {"rank", rank ? Json(*rank) : Json(nullptr)},
+                    {"decoded_token", TokenText(tok, id)}};
+    };
+    const size_t n = std::min(lp.top.size(), static_cast<size_t>(std::max(0, top_k)));
+    std::optional<int> rank;
+    for (size_t k = 0; k < n; ++k)
+      if (lp.top[k].first == lp.token) rank = static_cast<int>(k) + 1;
+    add(lp.token, lp.logprob, rank);
+    for (size_t k = 0; k < n; ++k) add(lp.top[k].first, lp.top[k].second, static_cast<int>(k) + 1);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 OpenAIResult::OpenAIResult(Service::Core& core, ResponseSink& sink, std::string id,
                            std::string object, std::string chunk_object, StreamOptions options)
     : core_(core),
@@ -70,15 +93,17 @@ bool OpenAIResult::BeginStream() {
 
 bool OpenAIResult::OnIdle() { return !streaming() || sink_.WriteChunk(": keep-alive\n\n"); }
 
-bool OpenAIResult::WriteChunk(Json choices) {
+bool OpenAIResult::WriteChunk(Json choices, const Json& extra) {
   if (!streaming()) return true;
   Json chunk = Envelope(chunk_object_, std::move(choices));
+  if (extra.is_object())
+    for (const auto& [key, value] : extra.items()) chunk[key] = value;
   if (options_.include_usage) {
     // OpenAI's stream carries "usage": null until the last chunk; vLLM's continuous usage
     // reports the running counts in every chunk instead.
     chunk["usage"] = nullptr;
     if (options_.continuous_usage && generation_) {
-      const runtime::Usage& u = generation_->usage();
+      const runtime::Usage u = ReportedUsage();
       chunk["usage"] = {{"prompt_tokens", u.prompt_tokens},
                         {"completion_tokens", u.completion_tokens},
                         {"total_tokens", u.prompt_tokens + u.completion_tokens}};
@@ -89,7 +114,8 @@ bool OpenAIResult::WriteChunk(Json choices) {
 
 Json OpenAIResult::Response() const {
   Json response = Envelope(object_, FinalChoices());
-  response["usage"] = OpenAIUsage(generation_->usage(), ReasoningTokens());
+  AddFields(response);
+  response["usage"] = OpenAIUsage(ReportedUsage(), ReasoningTokens());
   return response;
 }
 
@@ -105,7 +131,7 @@ void OpenAIResult::Finish(GenerationEnd end) {
         SseData(ErrorBody(GenerationFailed(generation_->error()), ApiFlavor::kOpenAI)));
   } else if (options_.include_usage) {
     Json chunk = Envelope(chunk_object_, Json::array());
-    chunk["usage"] = OpenAIUsage(generation_->usage(), ReasoningTokens());
+    chunk["usage"] = OpenAIUsage(ReportedUsage(), ReasoningTokens());
     sink_.WriteChunk(SseData(chunk));
   }
   sink_.WriteChunk("data: [DONE]\n\n");

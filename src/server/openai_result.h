@@ -23,6 +23,11 @@ Result<StreamOptions> ParseStreamOptions(const Json& body);
 // "stop", "length", "tool_calls", "aborted" (DeepSeek's spelling of a cancelled request), "error".
 std::string OpenAIFinishReason(const SampleOutput& s);
 Json OpenAIUsage(const runtime::Usage& u, int64_t reasoning_tokens);
+// vLLM's prompt_logprobs: null for the first prompt token, then per token a map from token id to
+// {logprob, rank (1-based among the first `top_k` the top alternatives; null when the token is not
+// among them), decoded_token}.
+Json VllmPromptLogprobs(const text::Tokenizer& tok, std::span<const runtime::TokenLogprob> lps,
+                        int top_k);
 
 class OpenAIResult : public GenerationObserver {
  public:
@@ -41,10 +46,14 @@ class OpenAIResult : public GenerationObserver {
                std::string chunk_object, StreamOptions options);
   bool streaming() const { return options_.stream; }
   // A stream chunk with these choices (and, with continuous usage, the usage so far).
-  bool WriteChunk(Json choices);
+  bool WriteChunk(Json choices, const Json& extra = nullptr);
   // The final choices, from the accumulated state.
   virtual Json FinalChoices() const = 0;
   virtual int64_t ReasoningTokens() const { return 0; }
+  // The usage reported (completions with max_tokens 0 generate a token nobody sees).
+  virtual runtime::Usage ReportedUsage() const { return generation_->usage(); }
+  // Fields of the final object besides the envelope, choices and usage.
+  virtual void AddFields(Json& /*response*/) const {}
 
   Service::Core& core_;
   const Generation* generation_ = nullptr;

@@ -373,7 +373,8 @@ Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested,
 }
 
 bool Service::Core::KnownModel(const std::optional<std::string>& name, ApiFlavor flavor) const {
-  if (!name || name->empty() || *name == options.served_model_name) return true;
+  // Absent is the served model; an empty name is refused like any other unknown one.
+  if (!name || *name == options.served_model_name) return true;
   // DeepSeek's Anthropic endpoint maps every claude-* name to its model (guides/anthropic_api).
   if (flavor == ApiFlavor::kAnthropic && name->rfind("claude", 0) == 0) return true;
   return false;

@@ -247,7 +247,14 @@ TEST(ResultAgreement, CompletionsAtEveryTruncationWithEchoAndLogprobs) {
     const Json& c = a["choices"][0];
     const std::string text = c["text"];
     EXPECT_EQ(text.rfind("Once upon", 0), 0u);
-    for (size_t t = 0; t < c["logprobs"]["tokens"].size(); ++t) {
+    // The echoed prompt's tokens come first: the BOS the server added (no text, offset 0), then
+    // the prompt's own, the first of which has no logprob.
+    EXPECT_EQ(c["logprobs"]["tokens"][0], "<｜begin▁of▁sentence｜>");
+    EXPECT_TRUE(c["logprobs"]["token_logprobs"][0].is_null());
+    EXPECT_TRUE(c["logprobs"]["top_logprobs"][0].is_null());
+    EXPECT_EQ(c["logprobs"]["text_offset"][1], 0);
+    EXPECT_EQ(c["logprobs"]["token_logprobs"][1], -0.625);  // the harness's value for position 1
+    for (size_t t = 1; t < c["logprobs"]["tokens"].size(); ++t) {
       const size_t offset = c["logprobs"]["text_offset"][t];
       const std::string token = c["logprobs"]["tokens"][t];
       ASSERT_LE(offset, text.size());
@@ -517,6 +524,77 @@ TEST(NothingGeneratedIsLost, SpecialTokensFollowSkipSpecialTokens) {
   EXPECT_EQ(
       Service().Post("/v1/chat/completions", body + R"(,"skip_special_tokens":1})", output).status,
       400);
+}
+
+}  // namespace
+}  // namespace dsinfer::server::testing
+
+namespace dsinfer::server::testing {
+namespace {
+
+// lm-eval's loglikelihood request: prompt token ids, echo, logprobs, max_tokens 0 (score only).
+// The reply carries the prompt's tokens with their logprobs (null for the first) and no output.
+TEST(PromptLogprobs, EchoWithMaxTokensZeroScoresThePromptOnly) {
+  for (bool streamed : {false, true}) {
+    std::string body =
+        R"({"prompt":[100,200,300,400],"echo":true,"logprobs":1,"max_tokens":0,"prompt_logprobs":2})";
+    if (streamed) body = Streamed(body);
+    const Reply reply = Service().Post("/v1/completions", body, "generated");
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const Json c = streamed ? FoldCompletionStream(reply.body)["choices"][0]
+                            : Json::parse(reply.body)["choices"][0];
+    const Json& lp = c["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), 4u) << c.dump();
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_EQ(lp["token_logprobs"][1], -0.625);
+    EXPECT_EQ(lp["token_logprobs"][3], -0.875);
+    EXPECT_EQ(lp["top_logprobs"][1].size(), 1u);
+    EXPECT_EQ(c["text"].get<std::string>().find("generated"), std::string::npos);
+    if (!streamed) {
+      const Json whole = Json::parse(reply.body);
+      EXPECT_EQ(whole["usage"]["completion_tokens"], 0);
+      const Json& prompt = whole["choices"][0]["prompt_logprobs"];
+      ASSERT_EQ(prompt.size(), 4u);
+      EXPECT_TRUE(prompt[0].is_null());
+      EXPECT_EQ(prompt[2]["300"]["logprob"], -0.75);
+      EXPECT_EQ(prompt[2]["300"]["rank"], 1);
+    }
+  }
+  // Without echo, max_tokens 0 has nothing to return.
+  EXPECT_EQ(Service().Post("/v1/completions", R"({"prompt":"x","max_tokens":0})", "y").status, 400);
+  // Chat: vLLM's top-level prompt_logprobs.
+  const Reply chat = Service().Post(
+      "/v1/chat/completions",
+      R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":0,"thinking":{"type":"disabled"}})",
+      "ok");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const Json j = Json::parse(chat.body);
+  EXPECT_EQ(j["prompt_logprobs"].size(), Service().last_params().prompt.size());
+  EXPECT_TRUE(j["prompt_logprobs"][0].is_null());
+}
+
+// stream_options.continuous_usage_stats: every chunk carries the usage so far.
+TEST(PromptLogprobs, ContinuousUsageStatsInEveryChunk) {
+  const Reply r = Service().Post(
+      "/v1/chat/completions",
+      R"({"messages":[{"role":"user","content":"x"}],"thinking":{"type":"disabled"},"stream":true,)"
+      R"("stream_options":{"include_usage":true,"continuous_usage_stats":true}})",
+      "one two three");
+  ASSERT_EQ(r.status, 200) << r.body;
+  int64_t last = -1;
+  for (const Json& chunk : SseDataLines(r.body)) {
+    ASSERT_TRUE(chunk["usage"].is_object()) << chunk.dump();
+    EXPECT_GE(chunk["usage"]["completion_tokens"].get<int64_t>(), last);
+    last = chunk["usage"]["completion_tokens"];
+  }
+  EXPECT_EQ(last, 3);
+  EXPECT_EQ(Service()
+                .Post("/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"x"}],"stream":true,)"
+                      R"("stream_options":{"continuous_usage_stats":true}})",
+                      "x")
+                .status,
+            400);
 }
 
 }  // namespace

@@ -44,6 +44,15 @@ class TextEngine final : public EnginePort {
     const std::vector<int32_t> tokens = encoded.ok() ? *encoded : std::vector<int32_t>{};
     runtime::Usage usage;
     usage.prompt_tokens = static_cast<int64_t>(params.prompt.size());
+    // Prompt logprobs: made-up values, distinct per position, with the token itself on top.
+    std::vector<runtime::TokenLogprob> prompt_logprobs;
+    if (params.prompt_logprobs >= 0)
+      for (size_t i = 1; i < params.prompt.size(); ++i) {
+        runtime::TokenLogprob lp{params.prompt[i], -0.5f - 0.125f * static_cast<float>(i), {}};
+        for (int k = 0; k < params.prompt_logprobs; ++k)
+          lp.top.push_back({k == 0 ? params.prompt[i] : k, lp.logprob - static_cast<float>(k)});
+        prompt_logprobs.push_back(std::move(lp));
+      }
     for (int n = 0; n < params.n; ++n) {
       for (size_t i = 0;; ++i) {
         runtime::StreamEvent event;
@@ -67,6 +76,7 @@ class TextEngine final : public EnginePort {
               at_limit ? runtime::FinishReason::kLength : runtime::FinishReason::kStop;
         }
         event.usage = usage;
+        if (n == 0 && i == 0) event.prompt_logprobs = prompt_logprobs;
         stream->Push(event);
         if (event.finished) break;
       }

@@ -100,9 +100,15 @@ def test_completions(oai, model):
     r = oai.completions.create(model=model, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 4
-    echoed = oai.completions.create(model=model, prompt="Hello", max_tokens=1, echo=True, logprobs=1)
+    echoed = oai.completions.create(model=model, prompt="Hello", max_tokens=1, echo=True)
     assert echoed.choices[0].text.startswith("Hello")
-    assert len(echoed.choices[0].logprobs.tokens) == 1
+    scored = oai.completions.create(model=model, prompt="Hello", max_tokens=1, logprobs=1,
+                                    extra_body={"ignore_eos": True})
+    assert len(scored.choices[0].logprobs.tokens) == 1 and scored.choices[0].logprobs.text_offset == [0]
+    # Scoring the prompt (echo + logprobs, lm-eval's loglikelihood) needs the engine's prompt
+    # logprobs; until the engine computes them the request is refused, never answered with zeros.
+    with pytest.raises(openai.UnprocessableEntityError, match="prompt logprobs"):
+        oai.completions.create(model=model, prompt="Hello", max_tokens=0, echo=True, logprobs=1)
     chunks = list(oai.completions.create(model=model, prompt="Hi", max_tokens=3, stream=True,
                                          extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) is not None
