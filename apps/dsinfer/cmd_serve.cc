@@ -174,6 +174,7 @@ int RunServe(int argc, char** argv) {
   service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
   service_options.default_max_tokens = static_cast<int>(default_max_tokens);
   service_options.default_thinking = !args.Has("no-default-thinking");
+  service_options.access_log = [](const std::string& line) { Log("%s", line); };
   if (args.Has("api-key") && args.Has("api-key-file"))
     return Usage("give --api-key or --api-key-file, not both");
   if (auto key = args.Get("api-key")) service_options.api_keys.push_back(*key);

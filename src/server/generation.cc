@@ -258,6 +258,7 @@ GenerationEnd Generation::Run(GenerationObserver& observer, ResponseSink* sink) 
   }
   if (end == GenerationEnd::kClientGone || end == GenerationEnd::kCancelled) stream_->Cancel();
   finished_ = true;
+  if (sink) sink->NoteTokens(usage_.prompt_tokens, usage_.completion_tokens);
   RecordOutcome(end);
   return end;
 }

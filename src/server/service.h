@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ struct ServiceOptions {
   int default_max_tokens = 2048;      // when the request gives none
   bool default_thinking = true;       // DeepSeek's API default
   int max_stored_responses = 1024;    // for GET /v1/responses/{id}
+  // Receives one line per request (method, path, status, tokens, latency; never a body or a
+  // key). Unset: no access log.
+  std::function<void(const std::string&)> access_log;
 };
 
 // What the service needs to know about the loaded model.
