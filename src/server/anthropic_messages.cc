@@ -423,7 +423,8 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  auto resolved_max =
+      core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("msg_");

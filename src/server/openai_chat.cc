@@ -211,7 +211,8 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
                      flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  auto resolved_max =
+      core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("chatcmpl-");

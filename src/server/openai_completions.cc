@@ -84,7 +84,7 @@ class CompletionResult final : public OpenAIResult {
     int logprobs = -1;  // legacy logprobs (top alternatives) of the output and an echoed prompt
     std::optional<Echo> echo;
     int prompt_logprobs = -1;  // vLLM's prompt_logprobs field (top alternatives)
-    bool hide_output = false;      // max_tokens 0: the prompt is scored, nothing is generated
+    bool hide_output = false;  // max_tokens 0: the prompt is scored, nothing is generated
   };
   CompletionResult(Service::Core& core, ResponseSink& sink, std::string id, StreamOptions stream,
                    int n, Options options)
@@ -286,7 +286,7 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
   auto resolved_max = core.ResolveMaxTokens(
       hide_output ? std::optional<int64_t>(1)
                   : (max_tokens->has_value() ? *max_tokens : std::optional<int64_t>(16)),
-      ids->size());
+      ids->size(), /*default_tokens=*/16);
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("cmpl-");

@@ -444,7 +444,8 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  auto resolved_max =
+      core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("resp_");

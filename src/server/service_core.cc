@@ -347,11 +347,18 @@ Result<EncodedPrompt> Service::Core::EncodeChat(const text::ChatRequest& request
   out.forced_tool_call =
       !request.tools.empty() && request.tool_choice == text::ToolChoice::kRequired;
   out.json_output = request.response_format.type == text::ResponseFormatType::kJsonObject;
+  out.max_effort = request.reasoning_effort == text::ReasoningEffort::kMax;
   return out;
 }
 
-Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested,
-                                            size_t prompt_tokens) const {
+int64_t Service::Core::DefaultMaxTokens(const EncodedPrompt& prompt) const {
+  if (options.default_max_tokens > 0) return options.default_max_tokens;
+  if (!prompt.thinking) return 8192;
+  return prompt.max_effort ? 131072 : 65536;
+}
+
+Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens,
+                                            int64_t default_tokens) const {
   int64_t limit = options.max_tokens_limit;
   if (model.max_model_len > 0)
     limit = std::min<int64_t>(limit, model.max_model_len - static_cast<int64_t>(prompt_tokens));
@@ -368,8 +375,7 @@ Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested,
                         std::to_string(model.max_model_len));
     return static_cast<int>(*requested);
   }
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(limit, options.default_max_tokens)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(limit, default_tokens)));
 }
 
 bool Service::Core::KnownModel(const std::optional<std::string>& name, ApiFlavor flavor) const {

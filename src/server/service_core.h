@@ -83,6 +83,7 @@ struct EncodedPrompt {
   bool has_tools = false;
   bool forced_tool_call = false;  // tool_choice required: the prompt opened the DSML block
   bool json_output = false;       // response_format json_object
+  bool max_effort = false;        // reasoning_effort max
 };
 
 struct Service::Core {
@@ -98,8 +99,13 @@ struct Service::Core {
 
   // Renders and encodes a chat request; enforces the prompt-length limit.
   Result<EncodedPrompt> EncodeChat(const text::ChatRequest& request) const;
-  // Resolves max_tokens against the limits and the context left after the prompt.
-  Result<int> ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens) const;
+  // Resolves max_tokens against the limits and the context left after the prompt; without one,
+  // `default_tokens` (capped the same way).
+  Result<int> ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens,
+                               int64_t default_tokens) const;
+  // A chat request's max_tokens when it gives none: --default-max-tokens, or else
+  // deepseek-recipe's defaults (8192 without thinking, 65536 with it, 131072 at max effort).
+  int64_t DefaultMaxTokens(const EncodedPrompt& prompt) const;
   // True when `model` names the served model (or is absent). Anthropic clients send claude-*.
   bool KnownModel(const std::optional<std::string>& model, ApiFlavor flavor) const;
   ApiError UnknownModel(const std::string& model) const;

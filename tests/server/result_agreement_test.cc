@@ -599,3 +599,29 @@ TEST(PromptLogprobs, ContinuousUsageStatsInEveryChunk) {
 
 }  // namespace
 }  // namespace dsinfer::server::testing
+
+namespace dsinfer::server::testing {
+namespace {
+
+// Without max_tokens, a chat request gets deepseek-recipe's defaults (8192 without thinking,
+// 65536 with it, 131072 at max effort), capped by --max-tokens-limit (32768) and the context.
+TEST(Defaults, MaxTokensFollowTheOfficialConverter) {
+  ModelInfo info;
+  info.max_model_len = 1 << 20;
+  auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
+  ASSERT_TRUE(tokenizer.ok());
+  InProcessService service(std::move(tokenizer).value(), info);
+  auto max_tokens = [&](const std::string& path, const std::string& body) {
+    EXPECT_EQ(service.Post(path, body, "x").status, 200) << body;
+    return service.last_params().max_tokens;
+  };
+  const std::string user = R"("messages":[{"role":"user","content":"x"}])";
+  EXPECT_EQ(max_tokens("/v1/chat/completions", "{" + user + R"(,"thinking":{"type":"disabled"}})"),
+            8192);
+  EXPECT_EQ(max_tokens("/v1/chat/completions", "{" + user + "}"), 32768);  // 65536, capped
+  EXPECT_EQ(max_tokens("/v1/responses", R"({"input":"x","reasoning":{"effort":"none"}})"), 8192);
+  EXPECT_EQ(max_tokens("/v1/completions", R"({"prompt":"x"})"), 16);  // OpenAI's legacy default
+}
+
+}  // namespace
+}  // namespace dsinfer::server::testing
