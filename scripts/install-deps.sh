@@ -2,7 +2,10 @@
 # Installs the system packages dsinfer needs to build and test (Debian/Ubuntu), only those
 # that are missing. Safe to run repeatedly.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libboost-dev ccache)
+# libssl-dev: SHA-256 of state blobs (core/sha256.h); libzmq3-dev + libmsgpack-dev: the KV-event
+# publisher (vLLM's ZMQ + msgpack wire format).
+pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libboost-dev libssl-dev
+  ccache libzmq3-dev libmsgpack-dev)
 if [[ "${DSINFER_WITH_CLANG:-0}" == 1 ]]; then pkgs+=(clang libclang-rt-14-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 
 namespace dsinfer::cli {
 
@@ -80,6 +81,24 @@ bool Args::GetDouble(const std::string& name, double* out) const {
     return false;
   }
   *out = x;
+  return true;
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) parts.push_back(part);
+  return parts;
+}
+
+bool ParseKeyValues(const std::string& text,
+                    std::vector<std::pair<std::string, std::string>>* out) {
+  for (const std::string& item : SplitCommas(text)) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    out->emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
   return true;
 }
 

@@ -45,6 +45,11 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
                                                         const char* command,
                                                         uint64_t reserve_bytes = 0);
 
+// "a,b,c" -> {"a","b","c"} (empty items kept, so callers can refuse them).
+std::vector<std::string> SplitCommas(const std::string& text);
+// "k1=v1,k2=v2" -> {{"k1","v1"},{"k2","v2"}}; false when an item has no '='.
+bool ParseKeyValues(const std::string& text, std::vector<std::pair<std::string, std::string>>* out);
+
 // "0,5,7" -> {0,5,7}; false on malformed input.
 bool ParseIdList(const std::string& text, std::vector<int32_t>* out);
 

@@ -103,12 +103,12 @@ class ModelBench {
   // Extends `state` from its length to `context` in one prefill step (median of `repeats` runs,
   // each from a copy of the starting state); reports the chunk's rate.
   bool Prefill(std::unique_ptr<backend::cpu::SequenceState>& state, int64_t context) {
-    std::vector<int32_t> chunk(context - state->n_tokens);  // [n] token ids
+    std::vector<int32_t> chunk(context - state->n_tokens());  // [n] token ids
     for (auto& t : chunk) t = token_(rng_);
     std::vector<double> step_s;
     std::unique_ptr<backend::cpu::SequenceState> extended;
     for (int r = 0; r < repeats_; ++r) {
-      extended = std::make_unique<backend::cpu::SequenceState>(*state);
+      extended = state->Copy();
       backend::cpu::ForwardOutput out;
       backend::cpu::SequenceChunk c{extended.get(), chunk, {}, &out};
       auto t0 = std::chrono::steady_clock::now();
@@ -126,7 +126,7 @@ class ModelBench {
   bool Decode(const backend::cpu::SequenceState& prefilled, int batch) {
     std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
     for (int i = 0; i < batch; ++i)
-      states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
+      states.push_back(prefilled.Copy());
     StepSamples steps;
     std::vector<int32_t> toks(batch);  // [B] one new token per sequence
     std::vector<backend::cpu::ForwardOutput> outs(batch);
@@ -141,7 +141,7 @@ class ModelBench {
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
-    Report("decode", batch, prefilled.n_tokens, batch, steps);
+    Report("decode", batch, prefilled.n_tokens(), batch, steps);
     return true;
   }
 
@@ -152,7 +152,7 @@ class ModelBench {
     for (int r = 0; r < repeats_; ++r) {
       std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
       for (int i = 0; i < batch; ++i)
-        states.push_back(std::make_unique<backend::cpu::SequenceState>(prefilled));
+        states.push_back(prefilled.Copy());
       auto fresh = cpu_.NewSequence();
       std::vector<int32_t> toks(batch + chunk_len);  // [B decode tokens | prefill chunk]
       for (auto& t : toks) t = token_(rng_);
@@ -169,7 +169,7 @@ class ModelBench {
       if (!cpu_.ForwardBatch(chunks).ok()) return false;
       steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
-    Report("mixed", batch, prefilled.n_tokens, batch + chunk_len, steps);
+    Report("mixed", batch, prefilled.n_tokens(), batch + chunk_len, steps);
     return true;
   }
 
@@ -349,7 +349,7 @@ int RunBench(int argc, char** argv) {
                   max_batch, need / 1e9, budget / 1e9);
       break;
     }
-    if (ctx == state->n_tokens) continue;  // duplicate frontier
+    if (ctx == state->n_tokens()) continue;  // duplicate frontier
     if (!bench.Prefill(state, ctx)) {
       status = 1;
       break;

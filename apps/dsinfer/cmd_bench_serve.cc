@@ -31,13 +31,10 @@ bool ParseIntList(const std::string& text, std::vector<int>* out) {
 
 // "ttft=500,tpot=50,e2e=2000" (milliseconds).
 bool ParseSlo(const std::string& text, measure::LoadConfig* cfg) {
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) return false;
-    const double v = std::atof(item.c_str() + eq + 1);
-    const std::string key = item.substr(0, eq);
+  std::vector<std::pair<std::string, std::string>> items;
+  if (!ParseKeyValues(text, &items)) return false;
+  for (const auto& [key, value] : items) {
+    const double v = std::atof(value.c_str());
     if (key == "ttft")
       cfg->slo_ttft_ms = v;
     else if (key == "tpot")

@@ -31,6 +31,7 @@
 #include "runtime/engine.h"
 #include "server/engine_port.h"
 #include "server/http_server.h"
+#include "server/kv_events.h"
 #include "server/service.h"
 #include "text/tokenizer.h"
 
@@ -50,7 +51,9 @@ constexpr const char* kUsage =
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
     "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
     "[--device cpu|cuda|cuda:N]\n"
-    "              [--no-default-thinking]";
+    "              [--no-default-thinking] [--kv-events-endpoint tcp://HOST:PORT]\n"
+    "              [--kv-events-block-size N] [--kv-events-topic TOPIC]\n"
+    "              [--scheduler-metrics none|waiting=NAME,running=NAME,kv_usage=NAME]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -92,6 +95,28 @@ bool ParseMemory(const std::string& text, int64_t* out) {
   return *out > 0;
 }
 
+// "none", or comma-separated waiting=NAME,running=NAME,kv_usage=NAME (each optional, an empty
+// NAME leaves that gauge out); false on anything else.
+bool ParseSchedulerMetrics(const std::string& text, server::SchedulerMetricNames* names) {
+  if (text == "none") {
+    *names = server::SchedulerMetricNames{"", "", ""};
+    return true;
+  }
+  std::vector<std::pair<std::string, std::string>> items;
+  if (!ParseKeyValues(text, &items)) return false;
+  for (const auto& [key, value] : items) {
+    if (key == "waiting")
+      names->waiting = value;
+    else if (key == "running")
+      names->running = value;
+    else if (key == "kv_usage")
+      names->kv_usage = value;
+    else
+      return false;
+  }
+  return true;
+}
+
 bool ReadKeys(const std::string& path, std::vector<std::string>* keys) {
   std::ifstream in(path);
   if (!in) return false;
@@ -131,7 +156,11 @@ int RunServe(int argc, char** argv) {
                    "max-body-bytes",
                    "shutdown-timeout",
                    "weights",
-                   "device"},
+                   "device",
+                   "kv-events-endpoint",
+                   "kv-events-block-size",
+                   "kv-events-topic",
+                   "scheduler-metrics"},
                   {"no-default-thinking"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -170,20 +199,19 @@ int RunServe(int argc, char** argv) {
   if (!device) return Usage("--device must be cpu, cuda or cuda:N");
 
   server::ServiceOptions service_options;
-  service_options.served_model_name = args.GetOr("served-model-name", "deepseek-v4-flash");
-  service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
-  service_options.default_max_tokens = static_cast<int>(default_max_tokens);
-  service_options.default_thinking = !args.Has("no-default-thinking");
-  service_options.access_log = [](const std::string& line) { Log("%s", line); };
-  if (args.Has("api-key") && args.Has("api-key-file"))
-    return Usage("give --api-key or --api-key-file, not both");
-  if (auto key = args.Get("api-key")) service_options.api_keys.push_back(*key);
-  if (auto file = args.Get("api-key-file")) {
-    if (!ReadKeys(*file, &service_options.api_keys) || service_options.api_keys.empty())
-      return Usage("--api-key-file: cannot read a key from " + *file);
+  // vLLM's --served-model-name takes several names; here they are comma-separated. The first is
+  // the name responses report; all of them are accepted.
+  const std::vector<std::string> served_names =
+      SplitCommas(args.GetOr("served-model-name", "deepseek-v4-flash"));
+  if (served_names.empty()) return Usage("--served-model-name must name the model");
+  for (const auto& name : served_names)
+    if (name.empty()) return Usage("--served-model-name: empty name in the list");
+  service_options.served_model_name = served_names.front();
+  service_options.served_model_aliases.assign(served_names.begin() + 1, served_names.end());
+  if (auto metrics = args.Get("scheduler-metrics")) {
+    if (!ParseSchedulerMetrics(*metrics, &service_options.scheduler_metrics))
+      return Usage("--scheduler-metrics takes none or waiting=NAME,running=NAME,kv_usage=NAME");
   }
-  for (const auto& key : service_options.api_keys)
-    if (key.empty()) return Usage("--api-key must not be empty");
   std::string version = args.GetOr("model-version", "v4");
   if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
 
@@ -197,6 +225,42 @@ int RunServe(int argc, char** argv) {
   int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
   if (signal_fd < 0) return Usage(std::string("signalfd: ") + std::strerror(errno));
 
+  // KV events for KV-aware routers (server/kv_events.h): bound now (after the signal mask,
+  // so its threads inherit it), fed by the engine's prefix
+  // cache once it runs.
+  std::shared_ptr<server::KvEventPublisher> kv_events;
+  if (auto endpoint = args.Get("kv-events-endpoint")) {
+    long long block_size = 16;
+    if (!args.GetInt("kv-events-block-size", &block_size)) return Usage(args.error());
+    if (block_size < 1 || block_size > 4096)
+      return Usage("--kv-events-block-size must be in [1, 4096]");
+    server::KvEventOptions kv_options;
+    kv_options.bind_endpoint = *endpoint;
+    kv_options.topic = args.GetOr("kv-events-topic", "");
+    kv_options.block_size = static_cast<int>(block_size);
+    auto started = server::KvEventPublisher::Start(kv_options);
+    if (!started.ok()) return Usage(started.status().message());
+    kv_events = std::move(started).value();
+    service_options.kv_events.endpoint = kv_events->endpoint();
+    service_options.kv_events.topic = kv_options.topic;
+    service_options.kv_events.block_size = kv_options.block_size;
+    engine_options.prefix_cache_observer = kv_events;
+  } else if (args.Has("kv-events-block-size") || args.Has("kv-events-topic")) {
+    return Usage("--kv-events-block-size and --kv-events-topic need --kv-events-endpoint");
+  }
+  service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
+  service_options.default_max_tokens = static_cast<int>(default_max_tokens);
+  service_options.default_thinking = !args.Has("no-default-thinking");
+  service_options.access_log = [](const std::string& line) { Log("%s", line); };
+  if (args.Has("api-key") && args.Has("api-key-file"))
+    return Usage("give --api-key or --api-key-file, not both");
+  if (auto key = args.Get("api-key")) service_options.api_keys.push_back(*key);
+  if (auto file = args.Get("api-key-file")) {
+    if (!ReadKeys(*file, &service_options.api_keys) || service_options.api_keys.empty())
+      return Usage("--api-key-file: cannot read a key from " + *file);
+  }
+  for (const auto& key : service_options.api_keys)
+    if (key.empty()) return Usage("--api-key must not be empty");
   server::Service service(service_options);
   server::HttpServerOptions http_options;
   http_options.host = args.GetOr("host", "127.0.0.1");
@@ -264,6 +328,13 @@ int RunServe(int argc, char** argv) {
   info.version = version == "v4.1" ? text::ModelVersion::kV41 : text::ModelVersion::kV4;
   info.max_model_len = max_model_len;
   info.created_unix = static_cast<int64_t>(std::time(nullptr));
+  info.model_path = fs::absolute(model_dir, ec).string();
+  info.tokenizer_path = tokenizer_path;
+  info.device = (*engine)->device();
+  info.kv_cache_bytes = (*engine)->kv_cache_bytes();
+  info.max_num_seqs = engine_options.max_num_seqs;
+  info.max_num_batched_tokens = engine_options.max_num_batched_tokens;
+  info.max_queue = engine_options.max_queue;
   service.Attach(&port_adapter, &*tokenizer, info);
 
   bool announced_ready = false;
@@ -284,11 +355,14 @@ int RunServe(int argc, char** argv) {
   if (::read(signal_fd, &info_buf, sizeof(info_buf)) < 0) info_buf.ssi_signo = SIGTERM;
   Log("%s received: draining (up to %s s)", info_buf.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM",
       std::to_string(static_cast<int>(shutdown_timeout)));
+  // Drain with the listener open: /health and /ready answer 503 and new requests get a 503
+  // that routers retry on another replica, instead of connection errors, while the requests
+  // in flight finish. Then the listener closes.
   service.BeginDrain();
-  (*http)->StopAccepting();
   auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
   (*engine)->Shutdown(deadline);
+  (*http)->StopAccepting();
   // Handlers see their final events right after the engine finishes or cancels them.
   (*http)->WaitForConnections(deadline + std::chrono::seconds(5));
   Log("stopped%s%s");

@@ -19,7 +19,11 @@ Result<std::unique_ptr<backend::ModelRunner>> MakeRunner(int ordinal,
                                                          const model::ModelWeights& weights,
                                                          backend::Numerics numerics,
                                                          int n_threads) {
-  if (ordinal < 0) return backend::MakeCpuRunner(weights, numerics, n_threads);
+  if (ordinal < 0) {
+    backend::CpuRunnerOptions options;
+    options.n_threads = n_threads;
+    return backend::MakeCpuRunner(weights, numerics, options);
+  }
 #ifdef DSINFER_HAVE_CUDA
   return backend::cuda::MakeCudaRunner(ordinal, weights, numerics);
 #else

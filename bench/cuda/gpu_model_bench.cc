@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
         // `batch` sequences prefilled together, then decoded together one token each per step.
         std::vector<std::unique_ptr<backend::cuda::CudaSequence>> seqs;
         std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-        std::vector<backend::cpu::ForwardOutput> outs(static_cast<size_t>(batch));
+        std::vector<backend::ForwardOutput> outs(static_cast<size_t>(batch));
         std::vector<backend::cuda::CudaChunk> chunks;
         for (int64_t b = 0; b < batch; ++b) {
           auto seq = (*m)->NewSequence();

@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/cpu/cpu_model.h"
 #include "core/system_memory.h"
 #include "core/thread_pool.h"
 
@@ -10,55 +11,81 @@ namespace dsinfer::backend {
 
 namespace {
 
-struct CpuState final : RunnerState {
-  explicit CpuState(std::unique_ptr<cpu::SequenceState> s) : state(std::move(s)) {}
-  int64_t n_tokens() const override { return state->n_tokens; }
-  std::unique_ptr<cpu::SequenceState> state;
-};
-
 const cpu::SequenceState& Cpu(const RunnerState& s) {
-  return *static_cast<const CpuState&>(s).state;
+  return static_cast<const cpu::SequenceState&>(s);
 }
+cpu::SequenceState& Cpu(RunnerState& s) { return static_cast<cpu::SequenceState&>(s); }
 
 class CpuRunner final : public ModelRunner {
  public:
-  explicit CpuRunner(int n_threads) : pool_(n_threads) {}
-  Status Init(const model::ModelWeights& weights, Numerics numerics) {
-    DSINFER_ASSIGN_OR_RETURN(model_, cpu::CpuModel::Create(weights, numerics, pool_));
+  CpuRunner(const model::ModelWeights& weights, Numerics numerics, CpuRunnerOptions options)
+      : weights_(weights), numerics_(numerics), options_(options), pool_(options.n_threads) {}
+  Status Init(std::shared_ptr<PageAllocator> pages) {
+    cpu::CpuModel::Options o;
+    o.layout = options_.layout;
+    o.pages = std::move(pages);
+    DSINFER_ASSIGN_OR_RETURN(model_, cpu::CpuModel::Create(weights_, numerics_, pool_, o));
     return Status::Ok();
   }
 
   std::string device() const override { return "cpu"; }
   Result<std::unique_ptr<RunnerState>> NewState() override {
-    return std::unique_ptr<RunnerState>(std::make_unique<CpuState>(model_->NewSequence()));
+    made_state_ = true;
+    return std::unique_ptr<RunnerState>(model_->NewSequence());
   }
   Result<std::unique_ptr<RunnerState>> Copy(const RunnerState& from) override {
-    return std::unique_ptr<RunnerState>(
-        std::make_unique<CpuState>(std::make_unique<cpu::SequenceState>(Cpu(from))));
+    return std::unique_ptr<RunnerState>(Cpu(from).Copy());
+  }
+  Result<std::unique_ptr<RunnerState>> Snapshot(const RunnerState& from) override {
+    return std::unique_ptr<RunnerState>(Cpu(from).Snapshot());
   }
   int64_t StateBytes(const RunnerState& state) const override {
-    return model_->StateBytes(Cpu(state));
+    return Cpu(state).BoundaryBytes();
   }
   int64_t StateBytesAt(int64_t n_tokens) const override { return model_->StateBytesAt(n_tokens); }
+  int64_t PageBytesInUse() const override { return model_->pages().bytes_in_use(); }
+  Status UsePageAllocator(std::shared_ptr<PageAllocator> pages) override {
+    if (made_state_)
+      return FailedPrecondition("UsePageAllocator: states already exist on this runner");
+    model_->UsePages(std::move(pages));
+    return Status::Ok();
+  }
+  const model::StateLayout* layout() const override { return &model_->layout(); }
   int64_t DefaultStateBudget() const override { return DefaultCpuStateBudget(); }
   Status ForwardBatch(std::span<RunnerChunk> chunks) override {
     std::vector<cpu::SequenceChunk> cpu_chunks(chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (chunks[i].state == nullptr) return InvalidArgument("ForwardBatch: a chunk has no state");
-      cpu_chunks[i].state = static_cast<CpuState*>(chunks[i].state)->state.get();
-      cpu_chunks[i].tokens = chunks[i].tokens;
-      cpu_chunks[i].options = chunks[i].options;
-      cpu_chunks[i].out = chunks[i].out;
+      cpu_chunks[i] = {&Cpu(*chunks[i].state), chunks[i].tokens, chunks[i].options, chunks[i].out};
     }
     return model_->ForwardBatch(cpu_chunks);
+  }
+  Status Truncate(RunnerState& state, int64_t n_tokens) override {
+    return model_->Truncate(Cpu(state), n_tokens);
+  }
+  Result<std::vector<uint8_t>> Export(const RunnerState& state, std::span<const int32_t> tokens,
+                                      int64_t first_page) override {
+    return model_->Export(Cpu(state), tokens, first_page);
+  }
+  Result<std::unique_ptr<RunnerState>> Import(std::span<const uint8_t> blob,
+                                              std::span<const int32_t> tokens,
+                                              const RunnerState* base) override {
+    made_state_ = true;
+    DSINFER_ASSIGN_OR_RETURN(auto s,
+                             model_->Import(blob, tokens, base ? &Cpu(*base) : nullptr));
+    return std::unique_ptr<RunnerState>(std::move(s));
   }
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) override {
     pool_.ParallelFor(n, fn);
   }
 
  private:
+  const model::ModelWeights& weights_;
+  Numerics numerics_;
+  CpuRunnerOptions options_;
   ThreadPool pool_;  // outlives model_ (declared first)
   std::unique_ptr<cpu::CpuModel> model_;
+  bool made_state_ = false;
 };
 
 }  // namespace
@@ -69,9 +96,10 @@ int64_t DefaultCpuStateBudget() {
 }
 
 Result<std::unique_ptr<ModelRunner>> MakeCpuRunner(const model::ModelWeights& weights,
-                                                   Numerics numerics, int n_threads) {
-  auto runner = std::make_unique<CpuRunner>(n_threads);
-  DSINFER_RETURN_IF_ERROR(runner->Init(weights, numerics));
+                                                   Numerics numerics,
+                                                   const CpuRunnerOptions& options) {
+  auto runner = std::make_unique<CpuRunner>(weights, numerics, options);
+  DSINFER_RETURN_IF_ERROR(runner->Init(nullptr));
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 

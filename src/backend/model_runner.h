@@ -10,28 +10,23 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
-#include "backend/cpu/cpu_model.h"
+#include "backend/forward_types.h"
 #include "backend/numerics.h"
+#include "backend/page_allocator.h"
 #include "core/status.h"
+#include "model/state_layout.h"
 #include "model/weights.h"
 
 namespace dsinfer::backend {
 
-// One sequence's complete decode state on the runner's device (window ring, compressed rows,
-// indexer keys, compressor partial groups). Created, copied and stepped by its runner only.
-class RunnerState {
- public:
-  virtual ~RunnerState() = default;
-  virtual int64_t n_tokens() const = 0;
-};
-
-// One sequence's slice of a batched step (cpu::SequenceChunk with a runner state).
+// One sequence's slice of a batched step.
 struct RunnerChunk {
   RunnerState* state = nullptr;
   std::span<const int32_t> tokens;
-  cpu::ForwardOptions options;
-  cpu::ForwardOutput* out = nullptr;
+  ForwardOptions options;
+  ForwardOutput* out = nullptr;
 };
 
 class ModelRunner {
@@ -40,19 +35,56 @@ class ModelRunner {
   // "cpu", "cuda:0 (NVIDIA H200)", ...: for logs and /metrics.
   virtual std::string device() const = 0;
   virtual Result<std::unique_ptr<RunnerState>> NewState() = 0;
-  // An exact copy (prefix-cache snapshots and restores, n > 1 forks): stepping the copy gives
-  // bit-identical results to stepping the original.
+  // An exact copy (n > 1 forks, prefix-cache restores): stepping the copy gives bit-identical
+  // results to stepping the original. Paged runners share the pages copy-on-write.
   virtual Result<std::unique_ptr<RunnerState>> Copy(const RunnerState& from) = 0;
-  // Bytes a state holds now, and an upper bound of what one holds after n_tokens tokens
-  // (non-decreasing in n_tokens): the engine's KV budget accounting.
+  // A copy for keeping (a prefix-cache entry): only what the next token needs (no rollback).
+  // Restore it with Copy.
+  virtual Result<std::unique_ptr<RunnerState>> Snapshot(const RunnerState& from) {
+    return Copy(from);
+  }
+  // Bytes a state holds apart from shared pages, an upper bound of what a state holds with its
+  // pages after n_tokens tokens (non-decreasing in n_tokens), and the bytes of every page alive
+  // (each counted once, however many states share it). Used bytes = the states' own + pages.
   virtual int64_t StateBytes(const RunnerState& state) const = 0;
   virtual int64_t StateBytesAt(int64_t n_tokens) const = 0;
+  virtual int64_t PageBytesInUse() const { return 0; }
+  // Pages come from `pages` from now on (before the first state is made; paged runners only).
+  virtual Status UsePageAllocator(std::shared_ptr<PageAllocator> pages) {
+    (void)pages;
+    return Status::Ok();
+  }
+  // The layout of a paged runner's states (nullptr: not paged).
+  virtual const model::StateLayout* layout() const { return nullptr; }
   // The KV budget when the user sets none: 25 % of RAM on the CPU, most of the free device
   // memory on a GPU.
   virtual int64_t DefaultStateBudget() const = 0;
   // Runs every chunk in one batched step (cpu::CpuModel::ForwardBatch's contract); a bad
   // argument fails before any state changes.
   virtual Status ForwardBatch(std::span<RunnerChunk> chunks) = 0;
+
+  // ---- state operations (model/state_layout.h) -------------------------------------------------
+  // Back to n tokens, state.rollback_floor() <= n <= state.n_tokens().
+  virtual Status Truncate(RunnerState& state, int64_t n_tokens) {
+    (void)state, (void)n_tokens;
+    return Unimplemented("Truncate: " + device() + " states cannot roll back yet");
+  }
+  // The state as a self-describing blob (pages from first_page on, the boundary, `tokens` =
+  // the ids it consumed), and back; Import refuses a blob of another model, numerics or layout,
+  // or of other tokens, and builds nothing then.
+  virtual Result<std::vector<uint8_t>> Export(const RunnerState& state,
+                                              std::span<const int32_t> tokens,
+                                              int64_t first_page) {
+    (void)state, (void)tokens, (void)first_page;
+    return Unimplemented("Export: " + device() + " states cannot be serialized yet");
+  }
+  virtual Result<std::unique_ptr<RunnerState>> Import(std::span<const uint8_t> blob,
+                                                      std::span<const int32_t> tokens,
+                                                      const RunnerState* base) {
+    (void)blob, (void)tokens, (void)base;
+    return Unimplemented("Import: " + device() + " states cannot be deserialized yet");
+  }
+
   // fn(0) .. fn(n - 1), on the runner's host threads where it has them, idle between steps (the
   // engine's per-sequence sampling); fn must be safe to run concurrently for different indices.
   // Without host threads of its own, one after another on the caller's.
@@ -61,9 +93,15 @@ class ModelRunner {
   }
 };
 
-// The CPU backend: a CpuModel over its own thread pool of n_threads (0: every core).
+struct CpuRunnerOptions {
+  int n_threads = 0;  // 0: every core
+  model::StateLayoutOptions layout;
+};
+
+// The CPU backend: a CpuModel over its own thread pool.
 Result<std::unique_ptr<ModelRunner>> MakeCpuRunner(const model::ModelWeights& weights,
-                                                   Numerics numerics, int n_threads);
+                                                   Numerics numerics,
+                                                   const CpuRunnerOptions& options = {});
 
 // 25 % of physical RAM (4 GiB when the system does not say): the CPU's default KV budget.
 int64_t DefaultCpuStateBudget();

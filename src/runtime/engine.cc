@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <list>
 #include <optional>
 #include <random>
@@ -65,6 +66,7 @@ struct Engine::Impl {
   bool draining = false;
   Clock::time_point drain_deadline;
   EngineStats stats;
+  std::vector<std::promise<Status>> flush_waiters;  // FlushPrefixCache calls to answer
   int engine_waiting = 0;  // waiting sequences on the engine side, as of the last step
   std::atomic<bool> is_ready{false};
   std::thread thread;
@@ -79,8 +81,9 @@ struct Engine::Impl {
 
   Impl(const model::ModelWeights& w, EngineOptions o) : weights(w), options(o) {}
 
+  // Every state's own bytes (running sequences and cache entries) plus every page once.
   int64_t UsedBytes() const {
-    int64_t b = prefix_cache.bytes();
+    int64_t b = prefix_cache.bytes() + model->PageBytesInUse();
     for (const auto& s : running)
       if (s->state) b += model->StateBytes(*s->state);
     return b;
@@ -134,11 +137,29 @@ struct Engine::Impl {
     return s.req->params.n > 1 && !s.forked && s.index == 0 && s.generated.empty();
   }
   void PublishStats();
+  // Answers the FlushPrefixCache calls waiting (under mu, after incoming was taken).
+  void AnswerFlushes();
 };
+
+void Engine::Impl::AnswerFlushes() {
+  if (flush_waiters.empty()) return;
+  Status answer = Status::Ok();
+  if (running.empty() && waiting.empty()) {
+    prefix_cache.Clear();
+  } else {
+    answer = FailedPrecondition(std::to_string(running.size() + waiting.size()) +
+                                " requests are queued or running; the prefix cache is flushed "
+                                "only when the engine is idle");
+  }
+  for (auto& waiter : flush_waiters) waiter.set_value(answer);
+  flush_waiters.clear();
+}
 
 void Engine::Impl::PublishStats() {
   std::lock_guard<std::mutex> lock(mu);
   stats.n_running = static_cast<int>(running.size());
+  stats.n_tokens_running = 0;
+  for (const auto& s : running) stats.n_tokens_running += static_cast<int64_t>(s->tokens.size());
   engine_waiting = static_cast<int>(waiting.size());
   stats.n_waiting = static_cast<int>(waiting.size() + incoming.size());
   stats.kv_bytes_used = UsedBytes();
@@ -365,7 +386,7 @@ bool Engine::Impl::Step() {
   if (batch.empty()) return !running.empty() || !waiting.empty();
 
   std::vector<backend::RunnerChunk> chunks(batch.size());
-  std::vector<backend::cpu::ForwardOutput> outs(batch.size());
+  std::vector<backend::ForwardOutput> outs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     int64_t pos = s.state->n_tokens();
@@ -387,14 +408,16 @@ bool Engine::Impl::Step() {
       if (options.enable_prefix_cache && s.generated.empty() && pos <= s.n_prompt - 1 &&
           (pos % options.prefix_block_tokens == 0 || pos == s.n_prompt - 1)) {
         std::span<const int32_t> prefix(s.tokens.data(), pos);
-        int64_t snap_bytes = model->StateBytes(*s.state);
         if (!prefix_cache.Contains(prefix)) {
-          // Snapshots live under the same budget: make room by LRU eviction, or skip caching.
-          int64_t live = UsedBytes() - prefix_cache.bytes();
-          prefix_cache.EvictTo(std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
-          if (live + prefix_cache.bytes() + snap_bytes <= options.kv_cache_bytes) {
-            auto snap = model->Copy(*s.state);
-            if (snap.ok())  // no room on the device for a snapshot: skip caching this one
+          // Snapshots live under the same budget (their own bytes; pages they share with the
+          // sequence are counted once, already): make room by LRU eviction, or skip caching.
+          auto snap = model->Snapshot(*s.state);
+          if (snap.ok()) {  // no room on the device for a snapshot: skip caching this one
+            const int64_t snap_bytes = model->StateBytes(**snap);
+            int64_t live = UsedBytes() - prefix_cache.bytes();
+            prefix_cache.EvictTo(
+                std::max<int64_t>(0, options.kv_cache_bytes - live - snap_bytes));
+            if (UsedBytes() + snap_bytes <= options.kv_cache_bytes)
               prefix_cache.Insert(
                   prefix, std::shared_ptr<const RunnerState>(std::move(snap).value()), snap_bytes);
           }
@@ -426,7 +449,7 @@ void Engine::Impl::Loop() {
     // Warm-up: one token through every layer so the first request pays no first-touch costs.
     auto state = model->NewState();
     if (state.ok()) {
-      backend::cpu::ForwardOutput out;
+      backend::ForwardOutput out;
       const int32_t bos[1] = {weights.config().bos_token_id};
       backend::RunnerChunk chunk{state->get(), bos, {}, &out};
       (void)model->ForwardBatch(std::span<backend::RunnerChunk>(&chunk, 1));
@@ -437,7 +460,7 @@ void Engine::Impl::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu);
       if (running.empty() && waiting.empty())
-        cv.wait(lock, [&] { return stopping || !incoming.empty(); });
+        cv.wait(lock, [&] { return stopping || !incoming.empty() || !flush_waiters.empty(); });
       if (stopping) break;
       while (!incoming.empty()) {
         auto req = std::move(incoming.front());
@@ -454,9 +477,15 @@ void Engine::Impl::Loop() {
       // Submit's queue bound counts these now; waiting for the step's PublishStats would let a
       // burst past max_queue while the step runs.
       engine_waiting = static_cast<int>(waiting.size());
+      AnswerFlushes();
     }
     Step();
     PublishStats();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& waiter : flush_waiters) waiter.set_value(FailedPrecondition("engine is stopping"));
+    flush_waiters.clear();
   }
   for (auto* list : {&running, &waiting})
     for (auto& s : *list) Finish(*s, FinishReason::kCancelled);
@@ -489,11 +518,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
     return InvalidArgument(
         "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
   if (runner == nullptr) {
-    DSINFER_ASSIGN_OR_RETURN(runner,
-                             backend::MakeCpuRunner(weights, options.numerics, options.n_threads));
+    backend::CpuRunnerOptions cpu;
+    cpu.n_threads = options.n_threads;
+    DSINFER_ASSIGN_OR_RETURN(runner, backend::MakeCpuRunner(weights, options.numerics, cpu));
   }
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
+  impl->prefix_cache.set_observer(impl->options.prefix_cache_observer.get());
   impl->model = std::move(runner);
   impl->device = impl->model->device();
   int64_t one = impl->model->StateBytesAt(1);
@@ -570,6 +601,18 @@ EngineStats Engine::Stats() const {
 const model::ModelConfig& Engine::config() const { return impl_->weights.config(); }
 
 bool Engine::ready() const { return impl_->is_ready.load(); }
+
+Status Engine::FlushPrefixCache() {
+  std::future<Status> answer;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping || impl_->draining) return FailedPrecondition("engine is shutting down");
+    impl_->flush_waiters.emplace_back();
+    answer = impl_->flush_waiters.back().get_future();
+  }
+  impl_->cv.notify_all();
+  return answer.get();
+}
 
 const std::string& Engine::device() const { return impl_->device; }
 

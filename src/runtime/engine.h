@@ -24,6 +24,7 @@
 #include "backend/numerics.h"
 #include "core/status.h"
 #include "model/weights.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 
 namespace dsinfer::runtime {
@@ -113,6 +114,8 @@ struct EngineOptions {
   int64_t max_model_len = 0;   // 0: unlimited (state grows with context)
   bool enable_prefix_cache = true;
   int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
+  // Told what the prefix cache stores and drops (e.g. the KV-event publisher); may be null.
+  std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
 };
 
 // The KV budget EngineOptions::kv_cache_bytes = 0 stands for on the CPU: 25 % of physical RAM
@@ -123,7 +126,8 @@ int64_t DefaultKvCacheBytes();
 struct EngineStats {
   int n_running = 0;
   int n_waiting = 0;
-  double kv_usage = 0.0;  // fraction of kv_cache_bytes in use
+  int64_t n_tokens_running = 0;  // context tokens (prompt + generated) of the running sequences
+  double kv_usage = 0.0;         // fraction of kv_cache_bytes in use
   int64_t kv_bytes_used = 0;
   int64_t kv_bytes_budget = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
@@ -154,6 +158,10 @@ class Engine {
   void Shutdown(std::chrono::steady_clock::time_point deadline);
   // True once the engine thread has run a warm-up step.
   bool ready() const;
+  // Drops every prefix-cache entry (SGLang's /flush_cache). Refused with FailedPrecondition
+  // while any request is queued or running, as SGLang refuses, and while shutting down. Blocks
+  // until the engine thread has answered (at most one step).
+  Status FlushPrefixCache();
   // The runner's device ("cpu", "cuda:0 (NVIDIA H200)") and the KV budget in force.
   const std::string& device() const;
   int64_t kv_cache_bytes() const;

@@ -46,12 +46,14 @@ void PrefixCache::Insert(std::span<const int32_t> prefix,
   auto old = by_hash_.find(h);
   if (old != by_hash_.end()) {  // a colliding different prefix: replace it
     bytes_ -= old->second->bytes;
+    if (observer_ != nullptr) observer_->OnRemoved(old->second->tokens);
     lru_.erase(old->second);
     by_hash_.erase(old);
   }
   lru_.push_front({std::vector<int32_t>(prefix.begin(), prefix.end()), std::move(state), bytes});
   by_hash_[h] = lru_.begin();
   bytes_ += bytes;
+  if (observer_ != nullptr) observer_->OnStored(prefix);
 }
 
 void PrefixCache::EvictTo(int64_t target_bytes) {
@@ -61,8 +63,16 @@ void PrefixCache::EvictTo(int64_t target_bytes) {
     for (int32_t t : e.tokens) h = Extend(h, t);
     by_hash_.erase(h);
     bytes_ -= e.bytes;
+    if (observer_ != nullptr) observer_->OnRemoved(e.tokens);
     lru_.pop_back();
   }
+}
+
+void PrefixCache::Clear() {
+  lru_.clear();
+  by_hash_.clear();
+  bytes_ = 0;
+  if (observer_ != nullptr) observer_->OnCleared();
 }
 
 }  // namespace dsinfer::runtime

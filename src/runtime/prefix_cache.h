@@ -17,6 +17,17 @@
 
 namespace dsinfer::runtime {
 
+// Told, on the engine thread, what the cache holds: a prefix stored, a prefix dropped (evicted
+// or replaced), everything dropped. This is what a KV-event publisher for KV-aware routers
+// needs (server/kv_events.h). Calls must be cheap and must not block: they run inside a step.
+class PrefixCacheObserver {
+ public:
+  virtual ~PrefixCacheObserver() = default;
+  virtual void OnStored(std::span<const int32_t> prefix) = 0;
+  virtual void OnRemoved(std::span<const int32_t> prefix) = 0;
+  virtual void OnCleared() = 0;
+};
+
 class PrefixCache {
  public:
   struct Entry {
@@ -32,6 +43,10 @@ class PrefixCache {
               int64_t bytes);
   // Evicts least recently used entries until bytes() <= target_bytes.
   void EvictTo(int64_t target_bytes);
+  // Drops every entry (the observer hears OnCleared, not one OnRemoved per entry).
+  void Clear();
+  // Not owned; null: nobody is told.
+  void set_observer(PrefixCacheObserver* observer) { observer_ = observer; }
   int64_t bytes() const { return bytes_; }
   size_t size() const { return lru_.size(); }
 
@@ -41,6 +56,7 @@ class PrefixCache {
   Lru lru_;  // front = most recent
   std::unordered_map<uint64_t, Lru::iterator> by_hash_;
   int64_t bytes_ = 0;
+  PrefixCacheObserver* observer_ = nullptr;
 };
 
 }  // namespace dsinfer::runtime

@@ -391,11 +391,8 @@ Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
 
 void HandleCountTokens(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kAnthropic;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
   SendJson(sink, 200, Json{{"input_tokens", encoded->ids.size()}});
@@ -404,11 +401,8 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
 void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kAnthropic;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   auto stream = OptBool(*body, "stream");
   if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);
   auto max_tokens = OptInt(*body, "max_tokens");
@@ -441,7 +435,11 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
   const bool streaming = stream->value_or(false);
-  MessageResult result(sink, streaming, id, model->value_or(core.options.served_model_name));
+  // Anthropic clients see the model name they asked for (claude-* names map to the served model).
+  const std::string model_name = body->contains("model") && (*body)["model"].is_string()
+                                     ? (*body)["model"].get<std::string>()
+                                     : core.options.served_model_name;
+  MessageResult result(sink, streaming, id, model_name);
   result.set_generation(generation->get());
   if (!result.Begin(prompt_tokens)) return;
   const GenerationEnd end = (*generation)->Run(result, &sink);

@@ -17,6 +17,8 @@ class EnginePort {
   virtual runtime::EngineStats Stats() const = 0;
   virtual bool ready() const = 0;
   virtual void Shutdown(std::chrono::steady_clock::time_point deadline) = 0;
+  // Drops the prefix cache; FailedPrecondition while requests run (runtime::Engine).
+  virtual Status FlushPrefixCache() = 0;
 };
 
 // Forwards to a runtime::Engine it does not own.
@@ -31,6 +33,7 @@ class RuntimeEnginePort final : public EnginePort {
   void Shutdown(std::chrono::steady_clock::time_point deadline) override {
     engine_.Shutdown(deadline);
   }
+  Status FlushPrefixCache() override { return engine_.FlushPrefixCache(); }
 
  private:
   runtime::Engine& engine_;

@@ -70,6 +70,11 @@ ServerMetrics::ServerMetrics()
       prompt_tokens_(kTokenBuckets),
       generation_tokens_(kTokenBuckets) {}
 
+void ServerMetrics::SetSchedulerNames(SchedulerMetricNames names) {
+  std::lock_guard lock(mu_);
+  scheduler_names_ = std::move(names);
+}
+
 void ServerMetrics::ObserveTimeToFirstToken(double s) {
   std::lock_guard lock(mu_);
   ttft_.Observe(s);
@@ -128,6 +133,16 @@ std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_co
   Sample(&out, p + "http_open_connections", open_connections);
 
   std::lock_guard lock(mu_);
+  // The same gauges under an endpoint picker's names (SchedulerMetricNames).
+  const std::pair<const std::string*, double> scheduler_gauges[] = {
+      {&scheduler_names_.waiting, static_cast<double>(stats.n_waiting)},
+      {&scheduler_names_.running, static_cast<double>(stats.n_running)},
+      {&scheduler_names_.kv_usage, stats.kv_usage}};
+  for (const auto& [name, value] : scheduler_gauges) {
+    if (name->empty()) continue;
+    Metric(&out, *name, "gauge", "Alias of the dsinfer: gauge for endpoint pickers.");
+    Sample(&out, *name, value);
+  }
   Metric(&out, p + "request_success", "counter", "Finished requests by finish reason.");
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     auto it = finished_.find(reason);

@@ -27,9 +27,20 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// The gauges an endpoint picker scrapes (the Gateway API Inference Extension's EPP and llm-d:
+// --total-queued-requests-metric, --total-running-requests-metric,
+// --kv-cache-usage-percentage-metric), repeated under the names it is configured with; vLLM's
+// names are its defaults. An empty name leaves that gauge out.
+struct SchedulerMetricNames {
+  std::string waiting = "vllm:num_requests_waiting";
+  std::string running = "vllm:num_requests_running";
+  std::string kv_usage = "vllm:kv_cache_usage_perc";
+};
+
 class ServerMetrics {
  public:
   ServerMetrics();
+  void SetSchedulerNames(SchedulerMetricNames names);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterTokenLatency(double seconds);
   void ObserveEndToEnd(double seconds);
@@ -48,6 +59,7 @@ class ServerMetrics {
   std::map<std::string, int64_t> finished_;
   std::map<std::string, int64_t> aborted_;
   std::map<int, int64_t> http_responses_;
+  SchedulerMetricNames scheduler_names_;
 };
 
 }  // namespace dsinfer::server

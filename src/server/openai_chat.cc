@@ -170,11 +170,8 @@ class ChatResult final : public OpenAIResult {
 void HandleChatCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   auto stream_options = ParseStreamOptions(*body);
   if (!stream_options.ok()) return SendError(sink, FromStatus(stream_options.status()), flavor);
   auto n = OptInt(*body, "n");

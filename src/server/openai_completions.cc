@@ -5,7 +5,6 @@
 #include "server/openai_result.h"
 
 namespace dsinfer::server {
-namespace {
 
 // The /v1/completions prompt: a string, token ids, or a one-element array of either.
 Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const Json& body,
@@ -39,6 +38,8 @@ Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const J
   return InvalidArgument(
       "prompt: must be a string, an array of token ids, or a one-element array of either");
 }
+
+namespace {
 
 // The legacy logprobs object of a run of tokens whose text starts at byte `offset` of the
 // choice's text.
@@ -235,11 +236,8 @@ class CompletionResult final : public OpenAIResult {
 void HandleCompletions(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   if (body->contains("suffix") && !(*body)["suffix"].is_null())
     return SendError(
         sink, Unsupported("suffix (fill-in-the-middle) is not supported by this model", "suffix"),

@@ -30,6 +30,8 @@ Result<std::string> PartsText(const Json& content, const std::string& path) {
   return out;
 }
 
+}  // namespace
+
 // Responses request -> the OpenAI chat shape the text layer understands, following
 // deepseek-recipe's ResponsesRequest conversion: `instructions` is the first system message;
 // developer messages are user messages for V4 and system messages for V4.1; assistant output up to
@@ -186,6 +188,8 @@ Result<Json> ResponsesToChatJson(const Json& body, text::ModelVersion version) {
   }
   return chat;
 }
+
+namespace {
 
 // The request's field as given (HandleResponses checked its type), or `fallback` when it is
 // absent or null, or when `object` is not an object: for echoing fields into the response.
@@ -416,11 +420,8 @@ class ResponseBuilder final : public GenerationObserver {
 void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   if (body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null())
     return SendError(sink,
                      Unsupported("previous_response_id is not supported (stateless Responses API)",

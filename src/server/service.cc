@@ -149,30 +149,49 @@ class CountingSink final : public ResponseSink {
   int64_t completion_tokens_ = 0;
 };
 
-Json ModelObject(const Service::Core& core) {
-  return Json{{"id", core.options.served_model_name},
+// Every served name (vLLM's --served-model-name A B C) is a model card.
+std::vector<std::string> ServedNames(const Service::Core& core) {
+  std::vector<std::string> names = {core.options.served_model_name};
+  names.insert(names.end(), core.options.served_model_aliases.begin(),
+               core.options.served_model_aliases.end());
+  return names;
+}
+
+Json ModelObject(const Service::Core& core, const std::string& name) {
+  return Json{{"id", name},
               {"object", "model"},
               {"created", core.model.created_unix},
               {"owned_by", "dsinfer"},
               {"type", "model"},
-              {"display_name", core.options.served_model_name},
+              {"display_name", name},
               {"created_at", "1970-01-01T00:00:00Z"},
+              {"root", core.options.served_model_name},
               {"max_model_len",
                core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)}};
 }
 
 void HandleModels(Service::Core& core, ResponseSink& sink) {
+  const std::vector<std::string> names = ServedNames(core);
+  Json data = Json::array();
+  for (const auto& name : names) data.push_back(ModelObject(core, name));
   Json body = {{"object", "list"},
-               {"data", Json::array({ModelObject(core)})},
+               {"data", data},
                {"has_more", false},
-               {"first_id", core.options.served_model_name},
-               {"last_id", core.options.served_model_name}};
+               {"first_id", names.front()},
+               {"last_id", names.back()}};
   SendJson(sink, 200, body);
 }
 
 void HandleTokenize(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   auto body = ParseBody(request.body);
   if (!body.ok()) return SendError(sink, FromStatus(body.status()), ApiFlavor::kOpenAI);
+  // vLLM's form also names the model and may ask for each token's string.
+  auto model = OptString(*body, "model");
+  if (!model.ok()) return SendError(sink, FromStatus(model.status()), ApiFlavor::kOpenAI);
+  if (!core.KnownModel(*model, ApiFlavor::kOpenAI))
+    return SendError(sink, core.UnknownModel(**model), ApiFlavor::kOpenAI);
+  auto token_strs = OptBool(*body, "return_token_strs");
+  if (!token_strs.ok()) return SendError(sink, FromStatus(token_strs.status()), ApiFlavor::kOpenAI);
   std::vector<int32_t> ids;
   if (body->contains("messages")) {
     auto chat =
@@ -196,13 +215,22 @@ void HandleTokenize(Service::Core& core, const HttpRequest& request, ResponseSin
   Json out = {{"tokens", ids},
               {"count", ids.size()},
               {"max_model_len",
-               core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)}};
+               core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)},
+              {"token_strs", nullptr}};
+  if (token_strs->value_or(false)) {
+    out["token_strs"] = Json::array();
+    for (int32_t id : ids) out["token_strs"].push_back(TokenText(*core.tokenizer, id));
+  }
   SendJson(sink, 200, out);
 }
 
 void HandleDetokenize(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   auto body = ParseBody(request.body);
   if (!body.ok()) return SendError(sink, FromStatus(body.status()), ApiFlavor::kOpenAI);
+  auto model = OptString(*body, "model");
+  if (!model.ok()) return SendError(sink, FromStatus(model.status()), ApiFlavor::kOpenAI);
+  if (!core.KnownModel(*model, ApiFlavor::kOpenAI))
+    return SendError(sink, core.UnknownModel(**model), ApiFlavor::kOpenAI);
   auto it = body->find("tokens");
   if (it == body->end() || !it->is_array())
     return SendError(sink, BadRequest("tokens: must be an array of token ids", "tokens"),
@@ -242,7 +270,9 @@ struct Route {
 
 }  // namespace
 
-Service::Service(ServiceOptions options) : core_(std::make_unique<Core>(std::move(options))) {}
+Service::Service(ServiceOptions options) : core_(std::make_unique<Core>(std::move(options))) {
+  core_->metrics.SetSchedulerNames(core_->options.scheduler_metrics);
+}
 Service::~Service() = default;
 
 void Service::Attach(EnginePort* engine, const text::Tokenizer* tokenizer, ModelInfo info) {
@@ -267,11 +297,21 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
 
   // Open endpoints: liveness and readiness only. Everything else, the chat page included, needs
   // a key when one is configured.
-  if (path == "/health") return sink.Send(200, "application/json", "{\"status\":\"ok\"}");
+  // /health is liveness (200 while the weights load) except while draining: routers health-check
+  // it, and a 503 there takes a stopping replica out of rotation before its listener closes.
+  if (path == "/health") {
+    if (core.draining.load())
+      return sink.Send(503, "application/json", "{\"status\":\"draining\"}",
+                       {{"Retry-After", "5"}});
+    return sink.Send(200, "application/json", "{\"status\":\"ok\"}");
+  }
   if (path == "/ready") {
-    bool ready = engine != nullptr && engine->ready() && !core.draining.load();
+    const bool draining = core.draining.load();
+    bool ready = engine != nullptr && engine->ready() && !draining;
     return sink.Send(ready ? 200 : 503, "application/json",
-                     ready ? "{\"status\":\"ready\"}" : "{\"status\":\"loading\"}",
+                     ready      ? "{\"status\":\"ready\"}"
+                     : draining ? "{\"status\":\"draining\"}"
+                                : "{\"status\":\"loading\"}",
                      ready ? HeaderList{} : HeaderList{{"Retry-After", "1"}});
   }
   if (path == "/version") return SendJson(sink, 200, Json{{"version", DSINFER_VERSION}});
@@ -289,6 +329,8 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
     return sink.Send(200, "text/html; charset=utf-8", ChatPageHtml(),
                      {{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
   }
+
+  if (HandleWorkerEndpoint(core, request, sink, Authorized(core, request))) return;
 
   static constexpr Route kRoutes[] = {
       {"/v1/chat/completions", "POST"},
@@ -327,8 +369,9 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
                                       flavor)),
                        {{"Allow", "GET"}});
     const std::string id = path.substr(11);
-    if (id != core.options.served_model_name) return SendError(sink, core.UnknownModel(id), flavor);
-    return SendJson(sink, 200, ModelObject(core));
+    for (const auto& name : ServedNames(core))
+      if (id == name) return SendJson(sink, 200, ModelObject(core, name));
+    return SendError(sink, core.UnknownModel(id), flavor);
   }
   if (route && method != route->method) {
     ApiError e;

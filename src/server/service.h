@@ -17,8 +17,19 @@
 
 namespace dsinfer::server {
 
+// Where the KV-event publisher (server/kv_events.h) can be reached, for GET /kv_event_sources
+// and /server_info; an empty endpoint: events are off.
+struct KvEventsInfo {
+  std::string endpoint;  // what a subscriber connects to: "tcp://127.0.0.1:5557"
+  std::string topic;
+  int block_size = 16;  // tokens per published block
+};
+
 struct ServiceOptions {
   std::string served_model_name = "deepseek-v4-flash";
+  // More names the model answers to (vLLM's --served-model-name A B C: A is the name responses
+  // report, every name is accepted as `model` and listed by /v1/models).
+  std::vector<std::string> served_model_aliases;
   std::vector<std::string> api_keys;  // empty: no authentication
   int max_tokens_limit = 32768;       // largest accepted max_tokens
   // When the request gives none; 0: deepseek-recipe's defaults (8192 without thinking, 65536 with
@@ -29,6 +40,8 @@ struct ServiceOptions {
   // Receives one line per request (method, path, status, tokens, latency; never a body or a
   // key). Unset: no access log.
   std::function<void(const std::string&)> access_log;
+  KvEventsInfo kv_events;
+  SchedulerMetricNames scheduler_metrics;  // /metrics gauges under an endpoint picker's names
 };
 
 // What the service needs to know about the loaded model.
@@ -36,6 +49,14 @@ struct ModelInfo {
   text::ModelVersion version = text::ModelVersion::kV4;
   int64_t max_model_len = 0;  // prompt + output tokens; 0: unlimited
   int64_t created_unix = 0;
+  // For the routers' /server_info and /model_info (worker_endpoints.cc).
+  std::string model_path;      // the checkpoint directory
+  std::string tokenizer_path;  // the tokenizer.json in use
+  std::string device;          // "cpu", "cuda:0 (NVIDIA H200)"
+  int64_t kv_cache_bytes = 0;  // the engine's KV / state budget
+  int max_num_seqs = 0;        // most sequences in one step
+  int max_num_batched_tokens = 0;
+  int max_queue = 0;
 };
 
 class Service {

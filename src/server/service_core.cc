@@ -381,6 +381,8 @@ Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested, si
 bool Service::Core::KnownModel(const std::optional<std::string>& name, ApiFlavor flavor) const {
   // Absent is the served model; an empty name is refused like any other unknown one.
   if (!name || *name == options.served_model_name) return true;
+  for (const auto& alias : options.served_model_aliases)
+    if (*name == alias) return true;
   // DeepSeek's Anthropic endpoint maps every claude-* name to its model (guides/anthropic_api).
   if (flavor == ApiFlavor::kAnthropic && name->rfind("claude", 0) == 0) return true;
   return false;
@@ -431,6 +433,25 @@ bool Service::Core::CancelInFlight(const std::string& id) {
   if (it == in_flight.end()) return false;
   it->second.stream->Cancel();
   return true;
+}
+
+std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
+                                       ResponseSink& sink, ApiFlavor flavor) {
+  auto body = ParseBody(request.body);
+  if (!body.ok()) {
+    SendError(sink, FromStatus(body.status()), flavor);
+    return std::nullopt;
+  }
+  auto model = OptString(*body, "model");
+  if (!model.ok()) {
+    SendError(sink, FromStatus(model.status()), flavor);
+    return std::nullopt;
+  }
+  if (!core.KnownModel(*model, flavor)) {
+    SendError(sink, core.UnknownModel(**model), flavor);
+    return std::nullopt;
+  }
+  return std::move(body).value();
 }
 
 ApiError GenerationFailed(const Status& error) {

@@ -137,6 +137,21 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
 // Anthropic Messages request -> OpenAI-chat-shaped JSON the text layer converts (shared with
 // count_tokens).
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking);
+// Responses request -> OpenAI-chat-shaped JSON (shared with /v1/responses/render); the role of
+// developer messages depends on the model version.
+Result<Json> ResponsesToChatJson(const Json& body, text::ModelVersion version);
+// The /v1/completions prompt as ids; `text` gets its text, `bos_inserted` whether ids[0] is a BOS
+// the server added (shared with /v1/completions/render).
+Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const Json& body,
+                                              std::string* text, bool* bos_inserted);
+// The request body as JSON when it parses and names a served model (or none); otherwise the
+// error is sent in the API's shape and nullopt returned.
+std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
+                                       ResponseSink& sink, ApiFlavor flavor);
+// Routers' and schedulers' endpoints (worker_endpoints.cc): true when `request.path` is one of
+// them, which it then answered (authentication and method included).
+bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, ResponseSink& sink,
+                          bool authorized);
 
 // The chat page served at "/".
 std::string_view ChatPageHtml();

@@ -191,7 +191,7 @@ TEST(Forward, RejectsOutOfVocabularyTokens) {
   EXPECT_FALSE((*m)->Forward(*state, bad, {}, &out).ok());
   std::vector<int32_t> negative = {-1};
   EXPECT_FALSE((*m)->Forward(*state, negative, {}, &out).ok());
-  EXPECT_EQ(state->n_tokens, 0);  // nothing was consumed
+  EXPECT_EQ(state->n_tokens(), 0);  // nothing was consumed
 }
 
 // The step's multiply-add count (the compute roof of `dsinfer bench model`), built here from the

@@ -43,7 +43,7 @@ int32_t FirstDivergence(CudaModel& m, std::span<const int32_t> ids, const std::v
   auto seq = m.NewSequence();
   if (!seq.ok()) return 0;
   for (size_t at = 0; at < ids.size(); at += 7) {
-    cpu::ForwardOutput o;
+    ForwardOutput o;
     auto chunk = ids.subspan(at, std::min<size_t>(7, ids.size() - at));
     if (!m.Forward(**seq, chunk, {.all_logits = true}, &o).ok()) return 0;
     for (size_t i = 0; i < chunk.size(); ++i)
@@ -80,7 +80,7 @@ TEST_P(CudaGolden, LogitsAndGreedyMatchTransformers) {
     ASSERT_EQ(want.size(), positions.size() * V);
     auto seq = (*m)->NewSequence();
     ASSERT_TRUE(seq.ok()) << seq.status().ToString();
-    cpu::ForwardOutput out;
+    ForwardOutput out;
     Status st = (*m)->Forward(**seq, ids, {.all_logits = true}, &out);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_EQ(out.logits.size(), ids.size() * V);
@@ -157,7 +157,7 @@ TEST_P(CudaGolden, QuantizationStepsMatchHookedTransformers) {
     if (first_unstable < 0) first_unstable = static_cast<int32_t>(ids.size());
     auto seq = (*m)->NewSequence();
     ASSERT_TRUE(seq.ok());
-    cpu::ForwardOutput out;
+    ForwardOutput out;
     Status st = (*m)->Forward(**seq, ids, {.all_logits = true}, &out);
     ASSERT_TRUE(st.ok()) << st.ToString();
     // The oracle's instability point (its fp64 vs fp32 runs) covers neither the GPU's summation
@@ -166,7 +166,7 @@ TEST_P(CudaGolden, QuantizationStepsMatchHookedTransformers) {
     // (same quantization steps) first leave the fp32 floor: a code flipped there (measured on an
     // H200: one tiny-b position at NMSE 9e-4 inside the oracle's range). A missing or misplaced
     // step would differ from position 0 on and leave no stable position at all.
-    cpu::ForwardOutput cpu_out;
+    ForwardOutput cpu_out;
     auto cpu_state = (*cpu_model)->NewSequence();
     ASSERT_TRUE((*cpu_model)->Forward(*cpu_state, ids, {.all_logits = true}, &cpu_out).ok());
     int32_t cpu_agrees_until = static_cast<int32_t>(ids.size());
@@ -254,7 +254,7 @@ TEST(CudaModel, OfficialNumericsTrackTheCpu) {
       ASSERT_TRUE(gpu_off.ok()) << gpu_off.status().ToString();
       for (int64_t len : {1, 7, 37, 300}) {
         auto ids = PromptIds(len, static_cast<int>(V), 77u + static_cast<uint32_t>(len));
-        cpu::ForwardOutput a, b, g;
+        ForwardOutput a, b, g;
         auto sa = (*cpu_off)->NewSequence();
         auto sb = (*cpu_f32)->NewSequence();
         auto sg = (*gpu_off)->NewSequence();
@@ -299,14 +299,14 @@ TEST(CudaModel, ChunkingDoesNotChangeTheResult) {
   auto m = CudaModel::Create(*dev, weights, Numerics::Fp32Reference());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   auto ids = PromptIds(300, static_cast<int>(V), 5);
-  cpu::ForwardOutput whole;
+  ForwardOutput whole;
   auto s1 = (*m)->NewSequence();
   ASSERT_TRUE((*m)->Forward(**s1, ids, {.all_logits = true}, &whole).ok());
   auto s2 = (*m)->NewSequence();
   std::vector<float> ragged;
   size_t at = 0;
   for (size_t len : {7u, 1u, 13u, 64u, 5u, 130u, 3u, 77u}) {
-    cpu::ForwardOutput o;
+    ForwardOutput o;
     std::span<const int32_t> chunk(ids.data() + at, std::min(len, ids.size() - at));
     ASSERT_TRUE((*m)->Forward(**s2, chunk, {.all_logits = true}, &o).ok());
     ragged.insert(ragged.end(), o.logits.begin(), o.logits.end());
@@ -316,7 +316,7 @@ TEST(CudaModel, ChunkingDoesNotChangeTheResult) {
   auto s3 = (*m)->NewSequence();
   std::vector<float> single;
   for (int32_t id : ids) {
-    cpu::ForwardOutput o;
+    ForwardOutput o;
     const int32_t one[1] = {id};
     ASSERT_TRUE((*m)->Forward(**s3, one, {}, &o).ok());
     single.insert(single.end(), o.logits.begin(), o.logits.end());
@@ -332,8 +332,56 @@ TEST(CudaModel, ChunkingDoesNotChangeTheResult) {
               worst_single);
   EXPECT_LE(worst_ragged, tolerance::kGoldenLogitsNmse);
   EXPECT_LE(worst_single, tolerance::kGoldenLogitsNmse);
-  EXPECT_EQ((*s1)->n_tokens, 300);
-  EXPECT_EQ((*s3)->n_tokens, 300);
+  EXPECT_EQ((*s1)->n_tokens(), 300);
+  EXPECT_EQ((*s3)->n_tokens(), 300);
+}
+
+// The MTP block runs on the GPU through the same layer program: its logits over the backbone's
+// hidden streams (which the GPU returns too) match the CPU's in fp32-reference numerics at the
+// golden budget, in one call and in ragged ones.
+TEST(CudaModel, MtpMatchesTheCpuAndIsChunkInvariant) {
+  DEVICE_OR_SKIP(dev);
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  const int64_t V = w.config().vocab_size;
+  const int64_t HD = int64_t{w.config().hc_mult} * w.config().hidden;
+  auto m = CudaModel::Create(*dev, w, Numerics::Fp32Reference());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ThreadPool pool(2);
+  auto cpu_model = cpu::CpuModel::Create(w, Numerics::Fp32Reference(), pool);
+  ASSERT_TRUE(cpu_model.ok());
+  auto ids = PromptIds(150, static_cast<int>(V), 9);
+  // The backbone's streams from each side, then MTP over positions 0..148 with tokens 1..149.
+  ForwardOutput gpu_main, cpu_main;
+  auto gs = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->Forward(**gs, ids, {.all_logits = true, .want_hidden = true}, &gpu_main).ok());
+  auto cs = (*cpu_model)->NewSequence();
+  ASSERT_TRUE(
+      (*cpu_model)->Forward(*cs, ids, {.all_logits = true, .want_hidden = true}, &cpu_main).ok());
+  ASSERT_EQ(gpu_main.hidden.size(), cpu_main.hidden.size());
+  std::vector<int32_t> next(ids.begin() + 1, ids.end());
+  std::span<const float> hidden(cpu_main.hidden.data(), next.size() * HD);
+  std::vector<float> want, whole, part1, part2;
+  ASSERT_TRUE((*cpu_model)->ForwardMtp(*cs, hidden, next, &want).ok());
+  ASSERT_TRUE((*m)->ForwardMtp(**gs, hidden, next, &whole).ok());
+  auto gs2 = (*m)->NewSequence();
+  ASSERT_TRUE((*m)->ForwardMtp(**gs2, hidden.subspan(0, 60 * HD), std::span(next).first(60),
+                               &part1).ok());
+  ASSERT_TRUE((*m)->ForwardMtp(**gs2, hidden.subspan(60 * HD), std::span(next).subspan(60),
+                               &part2).ok());
+  part1.insert(part1.end(), part2.begin(), part2.end());
+  ASSERT_EQ(whole.size(), want.size());
+  ASSERT_EQ(part1.size(), want.size());
+  double worst = 0, worst_hidden = 0;
+  for (size_t t = 0; t < next.size(); ++t) {
+    worst = std::max({worst, CompareLogits(whole.data() + t * V, want.data() + t * V, V).nmse,
+                      CompareLogits(part1.data() + t * V, want.data() + t * V, V).nmse});
+    worst_hidden = std::max(worst_hidden, CompareLogits(gpu_main.hidden.data() + t * HD,
+                                                        cpu_main.hidden.data() + t * HD, HD)
+                                              .nmse);
+  }
+  std::printf("[gpu mtp] worst logits NMSE %.3g, backbone streams %.3g\n", worst, worst_hidden);
+  EXPECT_LE(worst, tolerance::kMtpLogitsNmse);
+  EXPECT_LE(worst_hidden, tolerance::kGoldenLogitsNmse);
 }
 
 // Sequences of mixed lengths prefilled in one batched call (rounds of 256 tokens for the long
@@ -357,7 +405,7 @@ TEST(CudaModel, BatchMatchesEachSequenceAlone) {
   for (size_t i = 0; i < lengths.size(); ++i) {
     auto seq = (*m)->NewSequence();
     ASSERT_TRUE(seq.ok());
-    cpu::ForwardOutput o;
+    ForwardOutput o;
     ASSERT_TRUE((*m)->Forward(**seq, prompts[i], {.all_logits = true}, &o).ok());
     alone[i] = o.logits;
     for (int s = 0; s < kDecode; ++s) {
@@ -373,7 +421,7 @@ TEST(CudaModel, BatchMatchesEachSequenceAlone) {
     ASSERT_TRUE(seq.ok());
     seqs.push_back(std::move(seq).value());
   }
-  std::vector<cpu::ForwardOutput> outs(lengths.size());
+  std::vector<ForwardOutput> outs(lengths.size());
   std::vector<std::vector<float>> together(lengths.size());
   std::vector<CudaChunk> chunks;
   for (size_t i = 0; i < lengths.size(); ++i)
@@ -396,18 +444,18 @@ TEST(CudaModel, BatchMatchesEachSequenceAlone) {
     for (size_t r = 0; r * V < alone[i].size(); ++r)
       worst = std::max(worst,
                        CompareLogits(together[i].data() + r * V, alone[i].data() + r * V, V).nmse);
-    EXPECT_EQ(seqs[i]->n_tokens, lengths[i] + kDecode);
+    EXPECT_EQ(seqs[i]->n_tokens(), lengths[i] + kDecode);
   }
   std::printf(
       "[gpu batch] 5 sequences of 1-300 tokens + 5 decode steps: worst NMSE vs alone %.3g\n",
       worst);
   EXPECT_LE(worst, tolerance::kGoldenLogitsNmse);
   // The same sequence twice in one step is refused before anything runs.
-  cpu::ForwardOutput o1, o2;
+  ForwardOutput o1, o2;
   const int32_t tok[1] = {3};
   std::vector<CudaChunk> dup = {{seqs[0].get(), tok, {}, &o1}, {seqs[0].get(), tok, {}, &o2}};
   EXPECT_EQ((*m)->ForwardBatch(dup).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(seqs[0]->n_tokens, lengths[0] + kDecode);
+  EXPECT_EQ(seqs[0]->n_tokens(), lengths[0] + kDecode);
 }
 
 TEST(CudaModel, BadInputFailsClearlyAndChangesNothing) {
@@ -419,7 +467,7 @@ TEST(CudaModel, BadInputFailsClearlyAndChangesNothing) {
   ASSERT_TRUE(other.ok());
   auto seq = (*m)->NewSequence();
   ASSERT_TRUE(seq.ok());
-  cpu::ForwardOutput out;
+  ForwardOutput out;
   const int32_t good[2] = {3, 4};
   ASSERT_TRUE((*m)->Forward(**seq, good, {}, &out).ok());
   const int32_t bad[2] = {5, weights.config().vocab_size};
@@ -433,7 +481,7 @@ TEST(CudaModel, BadInputFailsClearlyAndChangesNothing) {
   EXPECT_EQ((*other)->Forward(**seq, good, {}, &out).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*m)->Forward(**seq, good, {.want_hidden = true}, &out).code(),
             StatusCode::kUnimplemented);
-  EXPECT_EQ((*seq)->n_tokens, 2);  // nothing above advanced the sequence
+  EXPECT_EQ((*seq)->n_tokens(), 2);  // nothing above advanced the sequence
 }
 
 }  // namespace

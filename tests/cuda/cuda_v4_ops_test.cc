@@ -132,16 +132,6 @@ TEST(CudaRouting, TilesCoverEveryGroupedRowOnce) {
   for (int c : covered) EXPECT_EQ(c, 1);
 }
 
-TEST(CudaRouting, TopKTiesToLowerIndexAscending) {
-  const std::vector<float> s = {1.0f, 3.0f, 2.0f, 3.0f, 2.0f, -0.0f, 0.0f};
-  EXPECT_EQ(TopKAscending(s, 3), (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(TopKAscending(s, 4), (std::vector<int32_t>{1, 2, 3, 4}));
-  const std::vector<float> zeros = {0.0f, -0.0f, 0.0f};  // -0 == +0: the lower index wins
-  EXPECT_EQ(TopKAscending(zeros, 1), (std::vector<int32_t>{0}));
-  EXPECT_EQ(TopKAscending(s, 10).size(), s.size());
-  EXPECT_TRUE(TopKAscending(s, 0).empty());
-}
-
 TEST(CudaRouting, SparseRowListsWindowAndCompressedRows) {
   SparseRowSpec spec;
   spec.window = 4;

@@ -26,6 +26,16 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
   return std::move(e).value();
 }
 
+// A KV budget that admits n sequences of `prompt` tokens but not their growth past the next page
+// (model/state_layout.h: state grows a page at a time), so that they preempt each other.
+int64_t PreemptingBudget(int n, int64_t prompt) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  ThreadPool pool1(1);
+  auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool1);
+  DSINFER_CHECK(cpu.ok());
+  return n * (*cpu)->StateBytesAt(prompt) + (*cpu)->layout().page_bytes / 2;
+}
+
 Outcome RunAlone(const RequestParams& p, EngineOptions o = {}) {
   auto engine = MakeEngine(o);
   auto s = engine->Submit(p);
@@ -34,7 +44,8 @@ Outcome RunAlone(const RequestParams& p, EngineOptions o = {}) {
 }
 
 TEST(Engine, GreedyIsIdenticalAloneInABatchAfterPreemptionAndAfterAPrefixHit) {
-  RequestParams target = Greedy(Ids(200, 1), 24);
+  // 250 + 24 tokens: the generation crosses the state's page boundary at 256.
+  RequestParams target = Greedy(Ids(250, 1), 24);
   Outcome alone = RunAlone(target, {.enable_prefix_cache = false});
   ASSERT_EQ(alone.tokens.size(), 24u);
 
@@ -52,17 +63,12 @@ TEST(Engine, GreedyIsIdenticalAloneInABatchAfterPreemptionAndAfterAPrefixHit) {
     EXPECT_EQ(batched.tokens, alone.tokens);
     EXPECT_EQ(batched.logprobs, alone.logprobs);
   }
-  // Under a KV budget that forces preemption by recompute.
+  // Under a KV budget that forces preemption by recompute: 3 of the 4 concurrent requests fit
+  // until they grow.
   {
-    const auto& w = dsinfer::testing::PresetWeights("tiny-a");
-    EngineOptions tight{.n_threads = 2, .enable_prefix_cache = false};
-    ThreadPool pool1(1);
-    auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool1);
-    int64_t per_seq = (*cpu)->StateBytesAt(230);
-    tight.kv_cache_bytes = per_seq * 2 + per_seq / 2;  // 2.5 sequences for 4 concurrent requests
-    auto engine = MakeEngine(tight);
+    auto engine = MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
     std::vector<std::shared_ptr<RequestStream>> others;
-    for (int i = 0; i < 3; ++i) others.push_back(*engine->Submit(Greedy(Ids(200, 200 + i), 24)));
+    for (int i = 0; i < 3; ++i) others.push_back(*engine->Submit(Greedy(Ids(250, 200 + i), 24)));
     auto mine = engine->Submit(target);
     ASSERT_TRUE(mine.ok());
     Outcome preempted = Collect(**mine)[0];
@@ -111,7 +117,7 @@ TEST(Engine, SeededSamplingIsIdenticalAloneAndBatched) {
 // The seeded half of the invariance acceptance: the same sampled tokens after preemption by
 // recompute and when the prompt comes from the prefix cache.
 TEST(Engine, SeededSamplingIsIdenticalAfterPreemptionAndAfterAPrefixHit) {
-  RequestParams p = Greedy(Ids(200, 11), 24);
+  RequestParams p = Greedy(Ids(250, 11), 24);  // crosses the page boundary at 256
   p.sampling.temperature = 1.0;
   p.sampling.top_p = 0.9;
   p.sampling.seed = 2024;
@@ -121,16 +127,11 @@ TEST(Engine, SeededSamplingIsIdenticalAfterPreemptionAndAfterAPrefixHit) {
   reseeded.sampling.seed = 2025;
   EXPECT_NE(RunAlone(reseeded, {.enable_prefix_cache = false}).tokens, alone.tokens);
   {
-    const auto& w = dsinfer::testing::PresetWeights("tiny-a");
-    ThreadPool pool1(1);
-    auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool1);
-    const int64_t per_seq = (*cpu)->StateBytesAt(230);
-    auto engine =
-        MakeEngine({.kv_cache_bytes = per_seq * 2 + per_seq / 2, .enable_prefix_cache = false});
+    auto engine = MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
     std::vector<std::shared_ptr<RequestStream>> others;
     for (int i = 0; i < 3; ++i) {
       RequestParams q = p;
-      q.prompt = Ids(200, 400 + i);
+      q.prompt = Ids(250, 400 + i);
       q.sampling.seed = 7 + i;
       others.push_back(*engine->Submit(q));
     }

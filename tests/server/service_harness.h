@@ -86,6 +86,7 @@ class TextEngine final : public EnginePort {
   runtime::EngineStats Stats() const override { return {}; }
   bool ready() const override { return true; }
   void Shutdown(std::chrono::steady_clock::time_point) override {}
+  Status FlushPrefixCache() override { return Status::Ok(); }
 
  private:
   const text::Tokenizer& tokenizer_;

@@ -105,6 +105,7 @@ class ScriptedEngine final : public EnginePort {
   }
   bool ready() const override { return true; }
   void Shutdown(std::chrono::steady_clock::time_point) override {}
+  Status FlushPrefixCache() override { return Status::Ok(); }
 
  private:
   std::vector<std::thread> threads_;

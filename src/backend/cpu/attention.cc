@@ -1,362 +1,296 @@
-// Attention of one V4 layer (spec §5): query path, window KV, compressor (CSA/HCA), lightning
-// indexer (CSA), sparse attention with sink, de-rotation and the grouped output projection.
+// The attention ops of CpuOps that read or write sequence state (spec §5.3-5.6): compressor
+// pooling and storage, the lightning indexer's selection, sparse attention with sink over the
+// window ring and the compressed rows, the window store. Packed rows are unpacked once per
+// sequence and step into scratch, then read in place.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "backend/cpu/cpu_model.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/linear.h"
-#include "backend/cpu/ops.h"
 #include "core/dtype.h"
-#include "core/quant.h"
 
 namespace dsinfer::backend::cpu {
 
-namespace {
+// ---- attention kernels ------------------------------------------------------------------------
 
-using model::WeightMatrix;
-
-// Linear with the reference's numerics: FP8 activation quantization (block 128) in front of
-// FP8/FP4 weights, bf16 output.
-void QuantLinear(const WeightMatrix& w, const float* x, int64_t m, float* y, const Numerics& nm,
-                 ThreadPool& pool, int act_block) {
-  bool quantized =
-      w.format == model::WeightFormat::kFp8Block || w.format == model::WeightFormat::kFp4Packed;
-  if (quantized && nm.quantize_activations) {
-    std::vector<float> xq(x, x + m * w.cols);
-    for (int64_t r = 0; r < m; ++r)
-      Fp8RoundTripInPlace(xq.data() + r * w.cols, static_cast<int>(w.cols), act_block);
-    MatMul(w, xq.data(), m, y, pool);
-  } else {
-    MatMul(w, x, m, y, pool);
-  }
-  if (nm.round_bf16) RoundBf16InPlace(y, m * w.rows);
-}
-
-// Feeds one token's projections into a compressor; when its group completes, writes the pooled
-// row (width d, before norm/RoPE) to *row and returns true.
-bool CompressorPush(CompressorState& st, int64_t pos, const float* a, const float* g, float* row) {
-  const int r = st.ratio, w = st.width;
-  const int slot = st.overlap ? r + static_cast<int>(pos % r) : static_cast<int>(pos % r);
-  std::copy(a, a + w, st.kv.begin() + static_cast<int64_t>(slot) * w);
-  std::copy(g, g + w, st.score.begin() + static_cast<int64_t>(slot) * w);
-  if ((pos + 1) % r != 0) return false;
-  const int d = st.overlap ? w / 2 : w;
+void PoolGroup(std::span<const float* const> rows, int ratio, int width, bool overlap,
+               float* out) {
+  const int d = overlap ? width / 2 : width;
+  const int n = static_cast<int>(rows.size());
   for (int c = 0; c < d; ++c) {
-    // Candidates: overlap -> previous group's first half + current group's second half.
-    float mx = -INFINITY;
-    auto visit = [&](auto&& fn) {
-      if (st.overlap) {
-        for (int s = 0; s < r; ++s) fn(st.score[s * w + c], st.kv[s * w + c]);
-        for (int s = r; s < 2 * r; ++s) fn(st.score[s * w + d + c], st.kv[s * w + d + c]);
-      } else {
-        for (int s = 0; s < r; ++s) fn(st.score[s * w + c], st.kv[s * w + c]);
+    // Candidate s: its gate logit and value in channel c (the previous group's first half, then
+    // the group's own second half, when overlapping). Absent candidates: -inf and 0.
+    auto candidate = [&](int s, float* score, float* value) {
+      const float* r = rows[s];
+      if (r == nullptr) {
+        *score = -INFINITY, *value = 0.0f;
+        return;
       }
+      const int dim = overlap && s >= ratio ? d + c : c;
+      *value = r[dim];
+      *score = r[width + dim];
     };
-    visit([&](float sc, float) { mx = std::max(mx, sc); });
+    float mx = -INFINITY, sc, kv;
+    for (int s = 0; s < n; ++s) {
+      candidate(s, &sc, &kv);
+      mx = std::max(mx, sc);
+    }
     float sum = 0.0f, acc = 0.0f;
-    visit([&](float sc, float kv) {
-      float e = std::exp(sc - mx);  // -inf slots (no previous group) contribute 0
+    for (int s = 0; s < n; ++s) {
+      candidate(s, &sc, &kv);
+      const float e = std::exp(sc - mx);  // -inf candidates contribute 0
       sum += e;
       acc += e * kv;
-    });
-    row[c] = acc / sum;
-  }
-  if (st.overlap) {
-    // The current group becomes the previous one; the new current group starts empty.
-    std::copy(st.kv.begin() + static_cast<int64_t>(r) * w, st.kv.end(), st.kv.begin());
-    std::copy(st.score.begin() + static_cast<int64_t>(r) * w, st.score.end(), st.score.begin());
-    std::fill(st.score.begin() + static_cast<int64_t>(r) * w, st.score.end(), -INFINITY);
-    std::fill(st.kv.begin() + static_cast<int64_t>(r) * w, st.kv.end(), 0.0f);
-  } else {
-    std::fill(st.score.begin(), st.score.end(), -INFINITY);
-    std::fill(st.kv.begin(), st.kv.end(), 0.0f);
-  }
-  return true;
-}
-
-// Compressor projections for all rows of a step: a = wkv x, g = wgate x (fp32, no rounding).
-void CompressorProject(const model::CompressorWeights& cw, int64_t T, const float* x,
-                       ThreadPool& pool, std::vector<float>* a, std::vector<float>* g) {
-  a->resize(T * cw.wkv.rows);
-  g->resize(T * cw.wgate.rows);
-  MatMul(cw.wkv, x, T, a->data(), pool);
-  MatMul(cw.wgate, x, T, g->data(), pool);
-}
-
-// Feeds one segment's projections (rows [seg.row, seg.row + seg.n) of a and g) into its
-// compressor, pooling completed groups; norm and RoPE at the group's first position, then
-// `post` finishes each row (FP8 or Hadamard+FP4) before it is appended to rows_out.
-template <typename PostFn>
-void CompressorFeed(const model::CompressorWeights& cw, CompressorState& st,
-                    const model::ModelConfig& c, const RopeTable& rope, const Segment& seg,
-                    const std::vector<float>& a, const std::vector<float>& g, int d,
-                    const Numerics& nm, std::vector<float>& rows_out, PostFn&& post) {
-  const int w = st.width;
-  std::vector<float> row(d), gt(w);
-  for (int64_t t = 0; t < seg.n; ++t) {
-    int64_t pos = seg.start_pos + t;
-    const float* gsrc = g.data() + (seg.row + t) * w;
-    int64_t ape_row = pos % st.ratio;
-    for (int i = 0; i < w; ++i) gt[i] = gsrc[i] + cw.ape.F32At(ape_row * w + i);
-    if (!CompressorPush(st, pos, a.data() + (seg.row + t) * w, gt.data(), row.data())) continue;
-    if (nm.round_bf16) RoundBf16InPlace(row.data(), d);
-    RmsNormRows(row.data(), 1, d, &cw.norm, c.norm_eps, nm.round_bf16);
-    int64_t first_pos = pos + 1 - st.ratio;
-    ApplyRope(rope, row.data() + d - c.rope_dim, first_pos, false, nm.round_bf16);
-    post(row.data());
-    rows_out.insert(rows_out.end(), row.begin(), row.end());
+    }
+    out[c] = acc / sum;
   }
 }
 
-// Top-k indices of scores (ties -> lower index first), returned ascending.
-std::vector<int32_t> TopK(const std::vector<float>& scores, int k) {
+void IndexerScores(const float* q, const float* w, std::span<const float* const> keys, int heads,
+                   int head_dim, bool round_bf16, float* scores) {
+  // Every head against every key, heads in groups sharing each key's loads (the same Dot per
+  // head and key), then each key's score summed over the heads in order. Keys go in blocks so
+  // the [heads, keys] products stay small (64 KiB) at any length.
+  constexpr int kKeyBlock = 256;
+  const int n_keys = static_cast<int>(keys.size());
+  std::vector<float> dots(static_cast<size_t>(heads) * kKeyBlock);  // [heads, block]
+  for (int j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+    const int nb = std::min(kKeyBlock, n_keys - j0);
+    for (int h0 = 0; h0 < heads; h0 += kSharedRowsMax)
+      DotSharedRows(q + int64_t{h0} * head_dim, head_dim, std::min(kSharedRowsMax, heads - h0),
+                    keys.data() + j0, nb, head_dim, dots.data() + int64_t{h0} * nb, nb);
+    for (int j = 0; j < nb; ++j) {
+      float s = 0.0f;
+      for (int h = 0; h < heads; ++h) {
+        float dv = dots[int64_t{h} * nb + j];
+        if (round_bf16) dv = RoundBf16(dv);
+        s += std::max(dv, 0.0f) * w[h];
+      }
+      scores[j0 + j] = round_bf16 ? RoundBf16(s) : s;
+    }
+  }
+}
+
+std::vector<int32_t> TopK(std::span<const float> scores, int k) {
   std::vector<int32_t> idx(scores.size());
   std::iota(idx.begin(), idx.end(), 0);
+  k = std::clamp<int>(k, 0, static_cast<int>(idx.size()));
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
     return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
   });
-  idx.resize(k);
+  idx.resize(static_cast<size_t>(k));
   std::sort(idx.begin(), idx.end());
   return idx;
 }
 
-}  // namespace
+void AttendHeads(const float* q, int n_heads, std::span<const float* const> rows, int head_dim,
+                 const float* sink, float scale, bool round_bf16, float* o) {
+  // The heads attend to the same rows (one KV head), loaded once for all of them; each head's
+  // arithmetic is the one-head sequence (Dot for the scores, one FMA per row into its output).
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  std::vector<float> weights(static_cast<size_t>(n_heads * n_rows));  // [heads, rows] logits, P
+  DotSharedRows(q, head_dim, n_heads, rows.data(), n_rows, head_dim, weights.data(), n_rows);
+  std::vector<float> denom(static_cast<size_t>(n_heads));  // [heads]
+  for (int j = 0; j < n_heads; ++j) {
+    float* w = weights.data() + j * n_rows;
+    float mx = sink[j];
+    for (int64_t r = 0; r < n_rows; ++r) {
+      w[r] *= scale;
+      mx = std::max(mx, w[r]);
+    }
+    denom[j] = std::exp(sink[j] - mx);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float e = std::exp(w[r] - mx);
+      denom[j] += e;
+      w[r] = round_bf16 ? RoundBf16(e) : e;  // P is cast to bf16 before P.V
+    }
+  }
+  AxpySharedRows(weights.data(), n_rows, n_heads, rows.data(), n_rows, head_dim, o, head_dim);
+  for (int j = 0; j < n_heads; ++j) {
+    float* oh = o + int64_t{j} * head_dim;
+    const float inv = 1.0f / denom[j];
+    for (int i = 0; i < head_dim; ++i) oh[i] = round_bf16 ? RoundBf16(oh[i] * inv) : oh[i] * inv;
+  }
+}
 
-void CpuModel::Attention(const model::LayerWeights& lw, std::span<Segment> segments, int64_t T,
-                         const float* x, float* out) {
+// ---- state ops ------------------------------------------------------------------------------
+
+Result<CompressedRows> CpuOps::CompressorPool(int layer, Compressor which, const float* a,
+                                              const float* g, float* rows_out) {
+  const model::LayerPlan& plan = plans_[layer];
+  const bool index = which == Compressor::kIndex;
+  const model::CompressorWeights& cw = index ? Layer(layer).indexer.compressor
+                                             : Layer(layer).compressor;
+  const int r = index ? plan.index_ratio : plan.compress_ratio;
+  const int w = index ? plan.index_compressor_width : plan.compressor_width;
+  const bool overlap = index || plan.compressor_overlap;
+  const int d = overlap ? w / 2 : w;
+  CompressedRows done;
+  done.per_segment.assign(segments_.size(), 0);
+  std::vector<const float*> cand(static_cast<size_t>(overlap ? 2 * r : r));
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    SequenceState& st = State(si);
+    for (int64_t t = 0; t < sg.n; ++t) {
+      // History row of this position: a, then g + ape of its offset in the group.
+      const int64_t pos = sg.start_pos + t;
+      float* h = st.History(layer, index, pos);
+      std::copy_n(a + (sg.row + t) * w, w, h);
+      const float* gsrc = g + (sg.row + t) * w;
+      const int64_t ape_row = pos % r;
+      for (int i = 0; i < w; ++i) h[w + i] = gsrc[i] + cw.ape.F32At(ape_row * w + i);
+      if ((pos + 1) % r != 0) continue;
+      // The group completes: pool it from its candidates' history rows.
+      const int64_t first = pos + 1 - r;
+      const int64_t from = overlap ? first - r : first;
+      for (int64_t p = from; p <= pos; ++p)
+        cand[p - from] = p < 0 ? nullptr : st.History(layer, index, p);
+      PoolGroup(cand, r, w, overlap, rows_out + done.n * d);
+      done.first_pos.push_back(first);
+      ++done.per_segment[si];
+      ++done.n;
+    }
+  }
+  return done;
+}
+
+Status CpuOps::StoreCompressed(int layer, Compressor which, const CompressedRows& rows,
+                               const float* data) {
+  const model::LayerPlan& plan = plans_[layer];
+  const bool index = which == Compressor::kIndex;
+  const int r = index ? plan.index_ratio : plan.compress_ratio;
+  const int64_t d = index ? config().index_head_dim : config().head_dim;
+  int64_t k = 0;
+  for (size_t si = 0; si < segments_.size(); ++si)
+    for (int64_t i = 0; i < rows.per_segment[si]; ++i, ++k)
+      DSINFER_RETURN_IF_ERROR(State(si).WriteRow(layer, index, rows.first_pos[k] / r, data + k * d));
+  return Status::Ok();
+}
+
+Result<Selection> CpuOps::IndexerSelect(int layer, const float* qi, const float* wts) {
   const model::ModelConfig& c = config();
-  const Numerics& nm = numerics_;
-  const int li = lw.layer_id;
-  const RopeTable& rope = *rope_[li];
-  const int H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
-  const int ratio = lw.compress_ratio;
-  const float eps = static_cast<float>(c.norm_eps);
-  const int W = c.window;
-  // Absolute position of every row of the step.
-  std::vector<int64_t> pos_of(T);
-  std::vector<int32_t> seg_of(T);
-  for (size_t si = 0; si < segments.size(); ++si)
-    for (int64_t t = 0; t < segments[si].n; ++t) {
-      pos_of[segments[si].row + t] = segments[si].start_pos + t;
-      seg_of[segments[si].row + t] = static_cast<int32_t>(si);
-    }
-
-  // ---- query path: c_q = q_norm(wq_a x); q = wq_b c_q; per-head RMS (no weight); RoPE.
-  std::vector<float> qr(T * c.q_lora_rank);  // [T, q_lora] also the indexer's input
-  QuantLinear(lw.wq_a, x, T, qr.data(), nm, pool_, c.act_block);
-  RmsNormRows(qr.data(), T, c.q_lora_rank, &lw.q_norm, c.norm_eps, nm.round_bf16);
-  std::vector<float> q(T * H * hd);  // [T, H, hd]
-  QuantLinear(lw.wq_b, qr.data(), T, q.data(), nm, pool_, c.act_block);
-  pool_.ParallelFor(T, [&](int64_t t) {
-    for (int h = 0; h < H; ++h) {
-      float* qh = q.data() + (t * H + h) * hd;
-      float ss = Dot(qh, qh, hd);
-      float inv = 1.0f / std::sqrt(ss / hd + eps);
-      if (nm.round_bf16) inv = RoundBf16(inv);
-      for (int i = 0; i < hd; ++i) qh[i] = nm.round_bf16 ? RoundBf16(qh[i] * inv) : qh[i] * inv;
-      ApplyRope(rope, qh + nope, pos_of[t], false, nm.round_bf16);
-    }
-  });
-
-  // ---- window KV: kv_norm(wkv x), RoPE on the tail, FP8 round trip on the nope dims.
-  std::vector<float> kv(T * hd);  // [T, hd]
-  QuantLinear(lw.wkv, x, T, kv.data(), nm, pool_, c.act_block);
-  RmsNormRows(kv.data(), T, hd, &lw.kv_norm, c.norm_eps, nm.round_bf16);
-  for (int64_t t = 0; t < T; ++t) {
-    float* row = kv.data() + t * hd;
-    ApplyRope(rope, row + nope, pos_of[t], false, nm.round_bf16);
-    if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
-  }
-  // Window row of position p for segment si (p >= start_pos - (W - 1)): the step's own rows
-  // from kv, earlier ones from the sequence's ring, which is rewritten only at the end of this
-  // function. Pointers, not copies: gathering each sequence's window into a contiguous buffer
-  // moved 4 MB per layer at batch 16 and context 128.
-  auto window_row = [&](int si, int64_t p) -> const float* {
-    const Segment& sg = segments[si];
-    return p >= sg.start_pos ? kv.data() + (sg.row + p - sg.start_pos) * hd
-                             : sg.layer->window_kv.data() + (p % W) * hd;
-  };
-
-  // ---- compressor: new compressed rows become visible to later queries of the same step.
-  if (ratio > 0) {
-    std::vector<float> a, g;
-    CompressorProject(lw.compressor, T, x, pool_, &a, &g);
-    for (auto& sg : segments)
-      CompressorFeed(lw.compressor, sg.layer->compressor, c, rope, sg, a, g, hd, nm,
-                     sg.layer->compressed, [&](float* row) {
-                       if (nm.kv_fp8_round_trip) Fp8RoundTripInPlace(row, nope, 64);
-                     });
-  }
-
-  // ---- indexer (CSA): per-query top-k of the visible compressed rows.
-  std::vector<std::vector<int32_t>> selected(T);
-  std::vector<int64_t> scored(T, 0);  // [T] compressed rows the indexer scored (past its top-k)
-  if (ratio == 4) {
-    const int ih = c.index_n_heads, ihd = c.index_head_dim;
-    std::vector<float> qi(T * ih * ihd);  // [T, ih, ihd]
-    QuantLinear(lw.indexer.wq_b, qr.data(), T, qi.data(), nm, pool_, c.act_block);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int h = 0; h < ih; ++h) {
-        float* v = qi.data() + (t * ih + h) * ihd;
-        ApplyRope(rope, v + ihd - rd, pos_of[t], false, nm.round_bf16);
-        if (nm.indexer_fp4) {
-          HadamardInPlace(v, ihd, nm.round_bf16);
-          Fp4RoundTripInPlace(v, ihd, 32);
-        }
-      }
-    }
-    std::vector<float> wts(T * ih);  // [T, ih]
-    QuantLinear(lw.indexer.weights_proj, x, T, wts.data(), nm, pool_, c.act_block);
-    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
-    for (auto& v : wts) v = nm.round_bf16 ? RoundBf16(v * wscale) : v * wscale;
-    std::vector<float> a, g;
-    CompressorProject(lw.indexer.compressor, T, x, pool_, &a, &g);
-    for (auto& sg : segments)
-      CompressorFeed(lw.indexer.compressor, sg.layer->index_compressor, c, rope, sg, a, g, ihd, nm,
-                     sg.layer->index_keys, [&](float* row) {
-                       if (nm.indexer_fp4) {
-                         HadamardInPlace(row, ihd, nm.round_bf16);
-                         Fp4RoundTripInPlace(row, ihd, 32);
-                       }
-                     });
-    pool_.ParallelFor(T, [&](int64_t t) {
-      const LayerState& ls = *segments[seg_of[t]].layer;
-      int n_vis = static_cast<int>((pos_of[t] + 1) / 4);
-      if (n_vis <= c.index_topk) {
-        selected[t].resize(n_vis);
-        std::iota(selected[t].begin(), selected[t].end(), 0);
-        return;
-      }
-      scored[t] = n_vis;
-      // Every index head against every visible key, the heads in groups sharing each key's
-      // loads (the same Dot per head and key), then each key's score summed over the heads in
-      // order. Keys go in blocks so the [heads, keys] products stay small (64 KiB) at any length.
-      constexpr int kKeyBlock = 256;
-      std::vector<float> scores(n_vis);
-      std::vector<const float*> keys(kKeyBlock);
-      std::vector<float> dots(static_cast<int64_t>(ih) * kKeyBlock);  // [ih, block]
-      for (int j0 = 0; j0 < n_vis; j0 += kKeyBlock) {
-        const int nb = std::min(kKeyBlock, n_vis - j0);
-        for (int j = 0; j < nb; ++j)
-          keys[j] = ls.index_keys.data() + static_cast<int64_t>(j0 + j) * ihd;
-        for (int h0 = 0; h0 < ih; h0 += kSharedRowsMax)
-          DotSharedRows(qi.data() + (t * ih + h0) * ihd, ihd, std::min(kSharedRowsMax, ih - h0),
-                        keys.data(), nb, ihd, dots.data() + static_cast<int64_t>(h0) * nb, nb);
-        for (int j = 0; j < nb; ++j) {
-          float s = 0.0f;
-          for (int h = 0; h < ih; ++h) {
-            float d = dots[static_cast<int64_t>(h) * nb + j];
-            if (nm.round_bf16) d = RoundBf16(d);
-            s += std::max(d, 0.0f) * wts[t * ih + h];
-          }
-          scores[j0 + j] = nm.round_bf16 ? RoundBf16(s) : s;
-        }
-      }
-      selected[t] = TopK(scores, c.index_topk);
+  const int ratio = plans_[layer].index_ratio;
+  const int ih = c.index_n_heads, ihd = c.index_head_dim;
+  const bool rb = numerics_.round_bf16;
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  Selection selected(static_cast<size_t>(T));
+  // Each sequence's keys that its last query sees, unpacked once (only where some query must
+  // score them: at most index_topk visible means all are selected).
+  std::vector<AlignedVector<float>> keys(segments_.size());  // [segments][n_keys, ihd]
+  std::vector<std::vector<const float*>> key_ptrs(segments_.size());
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    const int64_t n_keys = (sg.start_pos + sg.n) / ratio;
+    if (n_keys <= c.index_topk) continue;
+    keys[si].resize(static_cast<size_t>(n_keys * ihd));
+    key_ptrs[si].resize(static_cast<size_t>(n_keys));
+    pool_.ParallelFor(n_keys, [&](int64_t j) {
+      State(si).ReadRow(layer, true, j, keys[si].data() + j * ihd);
+      key_ptrs[si][j] = keys[si].data() + j * ihd;
     });
+    stats_.kv_bytes += n_keys * State(si).layout().index_key.Bytes();
+  }
+  std::vector<int64_t> scored(static_cast<size_t>(T), 0);  // [T] keys scored past the top-k
+  pool_.ParallelFor(T, [&](int64_t t) {
+    const int n_vis = static_cast<int>((pos_of_[t] + 1) / ratio);
+    if (n_vis <= c.index_topk) {
+      selected[t].resize(static_cast<size_t>(n_vis));
+      std::iota(selected[t].begin(), selected[t].end(), 0);
+      return;
+    }
+    scored[t] = n_vis;
+    std::vector<float> scores(static_cast<size_t>(n_vis));
+    IndexerScores(qi + t * ih * ihd, wts + t * ih,
+                  std::span<const float* const>(key_ptrs[seg_of_[t]].data(), n_vis), ih, ihd, rb,
+                  scores.data());
+    selected[t] = TopK(scores, c.index_topk);
+  });
+  for (int64_t t = 0; t < T; ++t) stats_.macs += scored[t] * ih * int64_t{ihd};
+  return selected;
+}
+
+Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* q, const float* kv,
+                               const Selection* selected, float* o) {
+  const model::ModelConfig& c = config();
+  const int H = c.n_heads, hd = c.head_dim, W = c.window;
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool rb = numerics_.round_bf16;
+  const model::TensorView& sink_view = Layer(layer).attn_sink;
+  std::vector<float> sink(static_cast<size_t>(H));  // [H]
+  for (int h = 0; h < H; ++h) sink[h] = sink_view.F32At(h);
+
+  // Per sequence, unpacked once: the ring's window rows before the step (positions
+  // [ring_first, start_pos)) and the compressed rows its queries read.
+  struct Unpacked {
+    int64_t ring_first = 0;
+    AlignedVector<float> ring;          // [start_pos - ring_first, hd]
+    std::vector<int32_t> slot;          // compressed row j -> row in `rows` (-1: not read)
+    AlignedVector<float> rows;          // [n_read, hd]
+  };
+  std::vector<Unpacked> un(segments_.size());
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    SequenceState& st = State(si);
+    Unpacked& u = un[si];
+    u.ring_first = std::max<int64_t>(0, sg.start_pos - (W - 1));
+    const int64_t n_ring = sg.start_pos - u.ring_first;
+    u.ring.resize(static_cast<size_t>(n_ring * hd));
+    for (int64_t p = u.ring_first; p < sg.start_pos; ++p)
+      st.ReadWindow(layer, p, u.ring.data() + (p - u.ring_first) * hd);
+    int64_t n_read = 0;
+    if (ratio > 0) {
+      const int64_t n_comp = (sg.start_pos + sg.n) / ratio;
+      u.slot.assign(static_cast<size_t>(n_comp), -1);
+      if (selected != nullptr) {
+        for (int64_t t = 0; t < sg.n; ++t)
+          for (int32_t j : (*selected)[sg.row + t])
+            if (u.slot[j] < 0) u.slot[j] = static_cast<int32_t>(n_read++);
+      } else {  // every visible row: the last query sees them all
+        for (int64_t j = 0; j < n_comp; ++j) u.slot[j] = static_cast<int32_t>(n_read++);
+      }
+      u.rows.resize(static_cast<size_t>(n_read * hd));
+      for (int64_t j = 0; j < n_comp; ++j)
+        if (u.slot[j] >= 0) st.ReadRow(kv_layer, false, j, u.rows.data() + u.slot[j] * hd);
+    }
+    stats_.kv_bytes += (n_ring + n_read) * st.layout().kv_row.Bytes();
   }
 
-  // ---- sparse attention with sink over window + compressed rows. A task takes one token and up
-  // to kSharedRowsMax of its heads: the heads attend to the same rows (one KV head), which are
-  // loaded once for all of them; each head's arithmetic is the one-head sequence (Dot for the
-  // scores, one FMA per row into its output), so grouping changes no value.
-  std::vector<float> o(T * H * hd);  // [T, H, hd]
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<int64_t> visible(T);  // [T] rows each query attends to (written by the first task)
+  // A task takes one token and up to kSharedRowsMax of its heads.
+  std::vector<int64_t> visible(static_cast<size_t>(T));  // [T] rows each query attends to
   const int head_groups = (H + kSharedRowsMax - 1) / kSharedRowsMax;
   pool_.ParallelFor(T * head_groups, [&](int64_t task) {
     const int64_t t = task / head_groups;
     const int h0 = static_cast<int>(task % head_groups) * kSharedRowsMax;
     const int nh = std::min(kSharedRowsMax, H - h0);
-    const int64_t pos = pos_of[t];
-    const int si = seg_of[t];
-    const LayerState& ls = *segments[si].layer;
+    const int64_t pos = pos_of_[t];
+    const int si = seg_of_[t];
+    const Segment& sg = segments_[si];
+    const Unpacked& u = un[si];
     std::vector<const float*> rows;
     for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p)
-      rows.push_back(window_row(si, p));
-    if (ratio == 4) {
-      for (int32_t j : selected[t])
-        rows.push_back(ls.compressed.data() + static_cast<int64_t>(j) * hd);
+      rows.push_back(p >= sg.start_pos ? kv + (sg.row + p - sg.start_pos) * hd
+                                       : u.ring.data() + (p - u.ring_first) * hd);
+    if (selected != nullptr) {
+      for (int32_t j : (*selected)[t]) rows.push_back(u.rows.data() + int64_t{u.slot[j]} * hd);
     } else if (ratio > 0) {
-      int64_t n_vis = (pos + 1) / ratio;
-      for (int64_t j = 0; j < n_vis; ++j) rows.push_back(ls.compressed.data() + j * hd);
+      for (int64_t j = 0; j < (pos + 1) / ratio; ++j)
+        rows.push_back(u.rows.data() + int64_t{u.slot[j]} * hd);
     }
-    const int64_t n_rows = static_cast<int64_t>(rows.size());
-    if (h0 == 0) visible[t] = n_rows;
-    const float* qt = q.data() + (t * H + h0) * hd;  // [nh, hd]
-    std::vector<float> weights(nh * n_rows);         // [nh, rows] logits, then bf16 P
-    DotSharedRows(qt, hd, nh, rows.data(), n_rows, hd, weights.data(), n_rows);
-    std::vector<float> denom(nh);  // [nh]
-    for (int j = 0; j < nh; ++j) {
-      float* w = weights.data() + j * n_rows;
-      const float sink = lw.attn_sink.F32At(h0 + j);
-      float mx = sink;
-      for (int64_t r = 0; r < n_rows; ++r) {
-        w[r] *= scale;
-        mx = std::max(mx, w[r]);
-      }
-      denom[j] = std::exp(sink - mx);
-      for (int64_t r = 0; r < n_rows; ++r) {
-        const float e = std::exp(w[r] - mx);
-        denom[j] += e;
-        w[r] = nm.round_bf16 ? RoundBf16(e) : e;  // P is cast to bf16 before P.V
-      }
-    }
-    float* ot = o.data() + (t * H + h0) * hd;  // [nh, hd]
-    AxpySharedRows(weights.data(), n_rows, nh, rows.data(), n_rows, hd, ot, hd);
-    for (int j = 0; j < nh; ++j) {
-      float* oh = ot + j * hd;
-      const float inv = 1.0f / denom[j];
-      for (int i = 0; i < hd; ++i) oh[i] = nm.round_bf16 ? RoundBf16(oh[i] * inv) : oh[i] * inv;
-      ApplyRope(rope, oh + nope, pos, true, nm.round_bf16);  // de-rotate at the query position
-    }
+    if (h0 == 0) visible[t] = static_cast<int64_t>(rows.size());
+    AttendHeads(q + (t * H + h0) * hd, nh, rows, hd, sink.data() + h0, scale, rb,
+                o + (t * H + h0) * hd);
   });
+  for (int64_t t = 0; t < T; ++t) stats_.macs += visible[t] * H * int64_t{hd} * 2;
+  return Status::Ok();
+}
 
-  // ---- grouped output projection: wo_a per group (bf16, no act quant), then wo_b (FP8).
-  const int G = c.o_groups;
-  const int64_t group_in = static_cast<int64_t>(H / G) * hd;
-  std::vector<float> z(T * G * c.o_lora_rank);  // [T, G * o_lora]
-  std::vector<float> og(T * group_in), zg(T * c.o_lora_rank);
-  for (int g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < T; ++t)
-      std::copy_n(o.data() + t * H * hd + g * group_in, group_in, og.data() + t * group_in);
-    MatMulRows(lw.wo_a, static_cast<int64_t>(g) * c.o_lora_rank,
-               static_cast<int64_t>(g + 1) * c.o_lora_rank, og.data(), T, zg.data(), pool_);
-    for (int64_t t = 0; t < T; ++t)
-      std::copy_n(zg.data() + t * c.o_lora_rank, c.o_lora_rank,
-                  z.data() + t * G * c.o_lora_rank + static_cast<int64_t>(g) * c.o_lora_rank);
-  }
-  if (nm.round_bf16) RoundBf16InPlace(z.data(), static_cast<int64_t>(z.size()));
-  QuantLinear(lw.wo_b, z.data(), T, out, nm, pool_, c.act_block);
-
-  // Multiply-adds: the projections (wo_a: each group's rows see the group's slice, so its rows
-  // times its columns per token), then the scores and values over each query's visible rows.
-  int64_t per_token = lw.wq_a.Elements() + lw.wq_b.Elements() + lw.wkv.Elements() +
-                      lw.wo_a.Elements() + lw.wo_b.Elements();
-  if (ratio > 0) per_token += lw.compressor.wkv.Elements() + lw.compressor.wgate.Elements();
-  if (ratio == 4)
-    per_token += lw.indexer.wq_b.Elements() + lw.indexer.weights_proj.Elements() +
-                 lw.indexer.compressor.wkv.Elements() + lw.indexer.compressor.wgate.Elements();
-  step_stats_.macs += T * per_token;
-  for (int64_t t = 0; t < T; ++t)
-    step_stats_.macs += visible[t] * H * int64_t{hd} * 2 +  // q . k and p . v
-                        scored[t] * c.index_n_heads * int64_t{c.index_head_dim};
-
-  for (const auto& sg : segments) {
-    // The window rows the segment's queries see: the ring's from the oldest visible position on,
-    // then the step's.
-    const int64_t window_rows = std::min<int64_t>(sg.start_pos, W - 1) + sg.n;
-    step_stats_.kv_bytes += static_cast<int64_t>(window_rows * hd + sg.layer->compressed.size() +
-                                                 sg.layer->index_keys.size()) *
-                            4;
-  }
-
-  // ---- keep the last `window` KV rows of each sequence for its next step.
-  for (int64_t t = 0; t < T; ++t) {
-    LayerState& ls = *segments[seg_of[t]].layer;
-    std::copy_n(kv.data() + t * hd, hd, ls.window_kv.data() + (pos_of[t] % W) * hd);
-  }
+Status CpuOps::StoreWindow(int layer, const float* kv) {
+  const int64_t hd = config().head_dim;
+  for (int64_t t = 0; t < static_cast<int64_t>(tokens_.size()); ++t)
+    DSINFER_RETURN_IF_ERROR(State(seg_of_[t]).WriteWindow(layer, pos_of_[t], kv + t * hd));
+  return Status::Ok();
 }
 
 }  // namespace dsinfer::backend::cpu

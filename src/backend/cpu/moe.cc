@@ -1,11 +1,11 @@
-// MoE of one V4 layer (spec §6): sqrt(softplus) scores, hash or biased top-k routing, routed
+// The MoE ops of CpuOps (spec §6): sqrt(softplus) scores, hash or biased top-k routing, routed
 // experts grouped so each expert's weights are read once for all of its tokens, shared expert.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <numeric>
 
-#include "backend/cpu/cpu_model.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
 #include "backend/router.h"
@@ -46,23 +46,20 @@ void Expert(const model::ExpertWeights& ew, const float* xq, int64_t n, const fl
 
 }  // namespace
 
-void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> tokens, const float* x,
-                   float* out) {
+Status CpuOps::Route(int layer, bool hash, const float* x) {
   const model::ModelConfig& c = config();
-  const Numerics& nm = numerics_;
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t D = c.hidden;
+  const model::LayerWeights& lw = Layer(layer);
+  const int64_t T = static_cast<int64_t>(tokens_.size());
   const int E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const float limit = static_cast<float>(c.swiglu_limit);
-
-  // Router: fp32 scores; selection by hash table or by top-k of (score + bias).
+  if (hash && !lw.tid2eid.valid()) return Internal("hash-routed layer without tid2eid");
+  // fp32 scores; selection by the token's hash row or by top-k of (score + bias).
   std::vector<float> logits(T * E);  // [T, E]
   MatMul(lw.gate, x, T, logits.data(), pool_);
-  step_stats_.macs += T * lw.gate.Elements();
-  std::vector<int32_t> chosen(T * K);  // [T, K]
-  std::vector<float> weight(T * K);    // [T, K]
-  std::vector<float> bias;             // [E] selection bias (biased routing)
-  if (!lw.tid2eid.valid()) {
+  stats_.macs += T * lw.gate.Elements();
+  chosen_.resize(static_cast<size_t>(T * K));
+  weight_.resize(static_cast<size_t>(T * K));
+  std::vector<float> bias;  // [E] selection bias (biased routing)
+  if (!hash) {
     bias.resize(E);
     for (int e = 0; e < E; ++e) bias[e] = lw.gate_bias.F32At(e);
   }
@@ -70,14 +67,26 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   for (int64_t t = 0; t < T; ++t) {
     float* s = logits.data() + t * E;
     for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(s[e]));
-    if (lw.tid2eid.valid())  // ids validated at load (model/weights.cc)
+    if (hash)  // ids validated at load (model/weights.cc)
       for (int k = 0; k < K; ++k)
-        hash_ids[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens[t]} * K + k));
-    RouteOneToken(s, E, K, lw.tid2eid.valid() ? hash_ids.data() : nullptr, bias.data(),
-                  static_cast<float>(c.route_scale), idx.data(), chosen.data() + t * K,
-                  weight.data() + t * K);
+        hash_ids[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens_[t]} * K + k));
+    RouteOneToken(s, E, K, hash ? hash_ids.data() : nullptr, bias.data(),
+                  static_cast<float>(c.route_scale), idx.data(), chosen_.data() + t * K,
+                  weight_.data() + t * K);
   }
+  return Status::Ok();
+}
 
+Status CpuOps::Experts(int layer, const float* x, float* out) {
+  const model::ModelConfig& c = config();
+  const model::LayerWeights& lw = Layer(layer);
+  const Numerics& nm = numerics_;
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  const int64_t D = c.hidden;
+  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const std::vector<int32_t>& chosen = chosen_;
+  const std::vector<float>& weight = weight_;
   std::vector<float> xq(x, x + T * D);  // [T, D] the experts' shared quantized input
   if (nm.quantize_activations)
     for (int64_t t = 0; t < T; ++t)
@@ -132,10 +141,10 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   for (size_t u = 0; u < used.size(); ++u) {
     const int e = used[u];
     const auto& slots = by_expert[e];
-    step_stats_.routed_expert_bytes +=
+    stats_.routed_expert_bytes +=
         lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
-    step_stats_.n_routed_experts_used++;
-    step_stats_.macs += static_cast<int64_t>(slots.size()) * lw.experts[e].Elements();
+    stats_.n_routed_experts_used++;
+    stats_.macs += static_cast<int64_t>(slots.size()) * lw.experts[e].Elements();
     for (size_t i = 0; i < slots.size(); ++i) {
       float* dst = acc.data() + (slots[i] / K) * D;
       const float* src = outputs[u].data() + i * D;
@@ -145,10 +154,11 @@ void CpuModel::Moe(const model::LayerWeights& lw, std::span<const int32_t> token
   if (c.n_shared_experts > 0) {
     if (!shared_as_task)
       Expert(lw.shared, xq.data(), T, nullptr, limit, nm, c.act_block, pool_, shared.data());
-    step_stats_.macs += T * lw.shared.Elements();
+    stats_.macs += T * lw.shared.Elements();
     for (int64_t i = 0; i < T * D; ++i) acc[i] += shared[i];
   }
   for (int64_t i = 0; i < T * D; ++i) out[i] = nm.round_bf16 ? RoundBf16(acc[i]) : acc[i];
+  return Status::Ok();
 }
 
 }  // namespace dsinfer::backend::cpu

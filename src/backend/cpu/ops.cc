@@ -27,10 +27,10 @@ void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* wei
   }
 }
 
-RopeTable RopeTable::ForLayer(const model::ModelConfig& c, int layer) {
+RopeTable RopeTable::ForPlan(const model::ModelConfig& c, const model::LayerPlan& plan) {
   RopeTable t;
   int d = c.rope_dim;
-  bool compressed = c.CompressRatio(layer) > 0;
+  const bool compressed = plan.rope_yarn;
   double base = compressed ? c.compress_rope_theta : c.rope_theta;
   t.inv_freq.resize(d / 2);
   for (int i = 0; i < d / 2; ++i) {
@@ -97,20 +97,19 @@ float F32(const model::TensorView& t, int64_t i) { return t.F32At(i); }
 }  // namespace
 
 void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
-           HcMix* mix, bool round_bf16) {
+           float* mix, bool round_bf16) {
   const int hc = c.hc_mult;
   const float eps = static_cast<float>(c.hc_eps);
   std::vector<float> m(c.HcRows());
   HcMixes(c, p, H, c.HcRows(), m.data());
-  mix->pre.resize(hc);
-  mix->post.resize(hc);
-  mix->comb.resize(hc * hc);
+  float* pre = mix;
+  float* post = mix + hc;
+  float* C = mix + 2 * hc;  // [hc, hc]
   float s0 = F32(p.scale, 0), s1 = F32(p.scale, 1), s2 = F32(p.scale, 2);
   for (int j = 0; j < hc; ++j) {
-    mix->pre[j] = Sigmoid(m[j] * s0 + F32(p.base, j)) + eps;
-    mix->post[j] = 2.0f * Sigmoid(m[hc + j] * s1 + F32(p.base, hc + j));
+    pre[j] = Sigmoid(m[j] * s0 + F32(p.base, j)) + eps;
+    post[j] = 2.0f * Sigmoid(m[hc + j] * s1 + F32(p.base, hc + j));
   }
-  std::vector<float>& C = mix->comb;
   for (int i = 0; i < hc * hc; ++i) C[i] = m[2 * hc + i] * s2 + F32(p.base, 2 * hc + i);
   // Sinkhorn: row softmax (+eps), column normalisation, then (iters-1) x [row, column].
   for (int j = 0; j < hc; ++j) {
@@ -142,20 +141,22 @@ void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H
   const int64_t d = c.hidden;
   for (int64_t i = 0; i < d; ++i) {
     float acc = 0.0f;
-    for (int j = 0; j < hc; ++j) acc += mix->pre[j] * H[j * d + i];
+    for (int j = 0; j < hc; ++j) acc += pre[j] * H[j * d + i];
     x[i] = round_bf16 ? RoundBf16(acc) : acc;
   }
 }
 
-void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H,
+void HcPost(const model::ModelConfig& c, const float* mix, const float* a, float* H,
             bool round_bf16) {
   const int hc = c.hc_mult;
   const int64_t d = c.hidden;
+  const float* post = mix + hc;
+  const float* comb = mix + 2 * hc;  // [hc, hc]
   std::vector<float> out(hc * d);
   for (int k = 0; k < hc; ++k) {
     for (int64_t i = 0; i < d; ++i) {
-      float acc = mix.post[k] * a[i];
-      for (int j = 0; j < hc; ++j) acc += mix.comb[j * hc + k] * H[j * d + i];
+      float acc = post[k] * a[i];
+      for (int j = 0; j < hc; ++j) acc += comb[j * hc + k] * H[j * d + i];
       out[k * d + i] = round_bf16 ? RoundBf16(acc) : acc;
     }
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/layer_plan.h"
 #include "model/weights.h"
 
 namespace dsinfer::backend::cpu {
@@ -19,21 +20,19 @@ void RmsNormRows(float* x, int64_t rows, int64_t n, const model::TensorView* wei
 // Per-layer rotary frequencies (interleaved pairs, last rope_dim dims; YaRN on compressed layers).
 struct RopeTable {
   std::vector<float> inv_freq;  // [rope_dim / 2] f32
-  static RopeTable ForLayer(const model::ModelConfig& c, int layer);
+  // rope_theta, or compress_rope_theta with YaRN where the plan says (compressed layers).
+  static RopeTable ForPlan(const model::ModelConfig& c, const model::LayerPlan& plan);
 };
 // Rotates x[0..rope_dim) (the rope part of a head) in place by position pos (inverse: -theta).
 void ApplyRope(const RopeTable& rope, float* x, int64_t pos, bool inverse, bool round_bf16);
 
-// mHC (spec §4). H: [hc, hidden] one token's streams.
-struct HcMix {
-  std::vector<float> pre;   // [hc]
-  std::vector<float> post;  // [hc]
-  std::vector<float> comb;  // [hc, hc], comb[j*hc + k]: source j -> destination k
-};
+// mHC (spec §4). H: [hc, hidden] one token's streams. A token's mix is HcMixFloats floats:
+// pre [hc], post [hc], comb [hc, hc] (comb[j*hc + k]: source j -> destination k).
+inline int HcMixFloats(const model::ModelConfig& c) { return 2 * c.hc_mult + c.hc_mult * c.hc_mult; }
 void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
-           HcMix* mix, bool round_bf16);
+           float* mix, bool round_bf16);
 // H[k] <- post_k * a + sum_j comb[j][k] * H[j]
-void HcPost(const model::ModelConfig& c, const HcMix& mix, const float* a, float* H,
+void HcPost(const model::ModelConfig& c, const float* mix, const float* a, float* H,
             bool round_bf16);
 // y = sum_j (sigmoid(m_j * scale + base_j) + eps) * H[j]
 void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* y,

@@ -6,6 +6,8 @@
 #include <random>
 #include <tuple>
 
+#include "backend/cpu/cpu_model.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_model.h"
@@ -328,12 +330,10 @@ CheckResult CheckHc(CudaDevice& dev, int hc, int64_t hidden, int64_t tokens, boo
   std::vector<float> mix_cpu(static_cast<size_t>(tokens * mix_n));  // [tokens, mix_n]
   std::vector<float> h_cpu = H;
   for (int64_t t = 0; t < tokens; ++t) {
-    cpu::HcMix mix;
-    cpu::HcPre(c, p, H.data() + t * n, x_cpu.data() + t * hidden, &mix, round_bf16);
-    std::copy(mix.pre.begin(), mix.pre.end(), mix_cpu.begin() + t * mix_n);
-    std::copy(mix.post.begin(), mix.post.end(), mix_cpu.begin() + t * mix_n + hc);
-    std::copy(mix.comb.begin(), mix.comb.end(), mix_cpu.begin() + t * mix_n + 2 * hc);
-    cpu::HcPost(c, mix, a.data() + t * hidden, h_cpu.data() + t * n, round_bf16);
+    cpu::HcPre(c, p, H.data() + t * n, x_cpu.data() + t * hidden, mix_cpu.data() + t * mix_n,
+               round_bf16);
+    cpu::HcPost(c, mix_cpu.data() + t * mix_n, a.data() + t * hidden, h_cpu.data() + t * n,
+                round_bf16);
   }
   ASSIGN_OR_FAIL(DeviceBuffer dfn, dev.Upload(fn.data(), fn.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dbase, dev.Upload(base.data(), base.size() * 4));
@@ -730,26 +730,28 @@ CheckResult CheckIndexerTopK(CudaDevice& dev, int64_t tokens, int heads, int hea
       for (auto& x : *v) x = std::clamp(std::round(x), -1.0f, 2.0f);
     for (auto& x : w) x = 0.125f;
   }
-  // CPU scores, attention.cc's loop.
+  // CPU scores: the CPU backend's own kernel (cpu::IndexerScores), and each score's error scale
+  // (the sum over heads of |w| (sum |q k| + |q.k|)).
   std::vector<float> s_cpu(static_cast<size_t>(tokens * stride), 0.0f);  // [T, stride]
   std::vector<double> s_scale(s_cpu.size(), 0.0);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t j = 0; j < n_vis[t]; ++j) {
-      float s = 0.0f;
-      double scale = 0;
+  std::vector<const float*> key_rows(static_cast<size_t>(n_keys));  // [n_keys]
+  for (int64_t j = 0; j < n_keys; ++j) key_rows[j] = keys.data() + j * head_dim;
+  for (int64_t t = 0; t < tokens; ++t) {
+    cpu::IndexerScores(q.data() + t * heads * head_dim, w.data() + t * heads,
+                       std::span<const float* const>(key_rows.data(), n_vis[t]), heads, head_dim,
+                       round_bf16, s_cpu.data() + t * stride);
+    for (int64_t j = 0; j < n_vis[t]; ++j)
       for (int h = 0; h < heads; ++h) {
         const float* qh = q.data() + (t * heads + h) * head_dim;
         const float* kj = keys.data() + j * head_dim;
-        float d = cpu::Dot(qh, kj, head_dim);
-        double abs_dot = 0;
-        for (int i = 0; i < head_dim; ++i) abs_dot += std::fabs(double{qh[i]} * kj[i]);
-        if (round_bf16) d = RoundBf16(d);
-        s += std::max(d, 0.0f) * w[t * heads + h];
-        scale += (abs_dot + std::fabs(d)) * std::fabs(w[t * heads + h]);
+        double abs_dot = 0, dot = 0;
+        for (int i = 0; i < head_dim; ++i) {
+          abs_dot += std::fabs(double{qh[i]} * kj[i]);
+          dot += double{qh[i]} * kj[i];
+        }
+        s_scale[t * stride + j] += (abs_dot + std::fabs(dot)) * std::fabs(w[t * heads + h]);
       }
-      s_cpu[t * stride + j] = round_bf16 ? RoundBf16(s) : s;
-      s_scale[t * stride + j] = scale;
-    }
+  }
   ASSIGN_OR_FAIL(DeviceBuffer dq, dev.Upload(q.data(), q.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dk, dev.Upload(keys.data(), keys.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dw, dev.Upload(w.data(), w.size() * 4));
@@ -787,10 +789,10 @@ CheckResult CheckIndexerTopK(CudaDevice& dev, int64_t tokens, int heads, int hea
     // scores on both sides) of the CPU's scores too.
     const int32_t n = n_vis[t];
     std::vector<float> mine(s_gpu.begin() + t * stride, s_gpu.begin() + t * stride + n);
-    std::vector<int32_t> want = TopKAscending(mine, top_k);
+    std::vector<int32_t> want = cpu::TopK(mine, top_k);
     if (ties) {
       std::vector<float> theirs(s_cpu.begin() + t * stride, s_cpu.begin() + t * stride + n);
-      if (TopKAscending(theirs, top_k) != want) {
+      if (cpu::TopK(theirs, top_k) != want) {
         r.detail = "token " + std::to_string(t) + ": exact CPU and GPU scores select differently";
         r.budget_share = INFINITY;
         return r;
@@ -835,47 +837,42 @@ CheckResult CheckSparseAttention(CudaDevice& dev, int64_t tokens, int heads, int
   // CSA: each query selects up to 64 of its visible rows (random scores, the indexer's rule).
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(tokens));
   for (int64_t t = 0; t < tokens && ratio == 4; ++t)
-    selected[t] = TopKAscending(RandomFloats(rng, (pos[t] + 1) / 4, 1.0f), 64);
+    selected[t] = cpu::TopK(RandomFloats(rng, (pos[t] + 1) / 4, 1.0f), 64);
   ASSIGN_OR_FAIL(SparseRowLists lists,
                  BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
   std::vector<float> q = RandomFloats(rng, tokens * heads * head_dim, 1.0f);  // [T, H, hd]
   std::vector<float> kv = RandomFloats(rng, pool_rows * head_dim, 1.0f);      // [pool, hd]
   std::vector<float> sink = RandomFloats(rng, heads, 1.0f);                   // [H]
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  // CPU: attention.cc's per-(token, head) loop.
+  // CPU: the CPU backend's own kernel (cpu::AttendHeads, one head at a time), and each output's
+  // error scale (sum_j p_j |v_j,i| / denominator, recomputed in double).
   std::vector<float> o_cpu(q.size());     // [T, H, hd]
   std::vector<double> o_scale(q.size());  // sum_j p_j |v_j,i| / denom
-  for (int64_t t = 0; t < tokens; ++t)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int32_t b = lists.offsets[t], n = lists.offsets[t + 1] - b;
+    std::vector<const float*> rows(static_cast<size_t>(n));  // [n]
+    for (int32_t j = 0; j < n; ++j) rows[j] = kv.data() + int64_t{lists.rows[b + j]} * head_dim;
     for (int h = 0; h < heads; ++h) {
       const float* qh = q.data() + (t * heads + h) * head_dim;
-      const int32_t b = lists.offsets[t], n = lists.offsets[t + 1] - b;
-      std::vector<float> logits(static_cast<size_t>(n));
-      float mx = sink[h];
+      cpu::AttendHeads(qh, 1, rows, head_dim, sink.data() + h, scale, round_bf16,
+                       o_cpu.data() + (t * heads + h) * head_dim);
+      std::vector<double> logits(static_cast<size_t>(n));
+      double mx = sink[h];
       for (int32_t j = 0; j < n; ++j) {
-        logits[j] =
-            cpu::Dot(qh, kv.data() + int64_t{lists.rows[b + j]} * head_dim, head_dim) * scale;
+        double dot = 0;
+        for (int i = 0; i < head_dim; ++i) dot += double{qh[i]} * rows[j][i];
+        logits[j] = dot * scale;
         mx = std::max(mx, logits[j]);
       }
-      float denom = std::exp(sink[h] - mx);
-      std::vector<float> acc(static_cast<size_t>(head_dim), 0.0f);
-      std::vector<double> acc_abs(static_cast<size_t>(head_dim), 0.0);
-      for (int32_t j = 0; j < n; ++j) {
-        float p = std::exp(logits[j] - mx);
-        denom += p;
-        float pv = round_bf16 ? RoundBf16(p) : p;
-        const float* v = kv.data() + int64_t{lists.rows[b + j]} * head_dim;
-        for (int i = 0; i < head_dim; ++i) {
-          acc[i] += pv * v[i];
-          acc_abs[i] += std::fabs(double{pv} * v[i]);
-        }
-      }
-      float inv = 1.0f / denom;
+      double denom = std::exp(sink[h] - mx);
+      for (int32_t j = 0; j < n; ++j) denom += std::exp(logits[j] - mx);
       for (int i = 0; i < head_dim; ++i) {
-        const int64_t at = (t * heads + h) * head_dim + i;
-        o_cpu[at] = round_bf16 ? RoundBf16(acc[i] * inv) : acc[i] * inv;
-        o_scale[at] = acc_abs[i] * inv;
+        double acc_abs = 0;
+        for (int32_t j = 0; j < n; ++j) acc_abs += std::exp(logits[j] - mx) * std::fabs(rows[j][i]);
+        o_scale[(t * heads + h) * head_dim + i] = acc_abs / denom;
       }
     }
+  }
   ASSIGN_OR_FAIL(DeviceBuffer dq, dev.Upload(q.data(), q.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dkv, dev.Upload(kv.data(), kv.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dsink, dev.Upload(sink.data(), sink.size() * 4));
@@ -908,58 +905,49 @@ CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, in
   std::vector<float> a = RandomFloats(rng, T * width, 1.0f);        // [T, width] wkv x
   std::vector<float> g = RandomFloats(rng, T * width, 2.0f);        // [T, width] wgate x
   std::vector<float> ape = RandomFloats(rng, ratio * width, 0.5f);  // [ratio, width]
-  // The CPU compressor state as attention.cc keeps it; a continued sequence starts with a
-  // previous (complete, ape added) group in the first `ratio` slots.
   std::vector<float> prev_a = RandomFloats(rng, ratio * width, 1.0f);      // [ratio, width]
   std::vector<float> prev_score = RandomFloats(rng, ratio * width, 2.0f);  // [ratio, width]
-  // Reference: attention.cc's CompressorPush (a private helper there), step for step.
-  const int n_slots = overlap ? 2 * ratio : ratio;
-  std::vector<float> kv_state(static_cast<size_t>(n_slots) * width, 0.0f);
-  std::vector<float> score_state(kv_state.size(), -INFINITY);
-  if (overlap && with_prev) {
-    std::copy(prev_a.begin(), prev_a.end(), kv_state.begin());
-    std::copy(prev_score.begin(), prev_score.end(), score_state.begin());
-  }
+  // Reference: the CPU backend's pooling (cpu::PoolGroup) over projection rows [2, width] (a,
+  // then g + ape); a continued sequence starts with a previous (complete, ape added) group.
+  const bool pass_prev = overlap && with_prev;
+  std::vector<float> hist(static_cast<size_t>((ratio + T) * 2 * width));  // [prev | T][2, width]
+  for (int s_ = 0; s_ < ratio; ++s_)
+    for (int i = 0; i < width; ++i) {
+      hist[s_ * 2 * width + i] = prev_a[s_ * width + i];
+      hist[s_ * 2 * width + width + i] = prev_score[s_ * width + i];
+    }
+  for (int64_t pos = 0; pos < T; ++pos)
+    for (int i = 0; i < width; ++i) {
+      float* h = hist.data() + (ratio + pos) * 2 * width;
+      h[i] = a[pos * width + i];
+      h[width + i] = g[pos * width + i] + ape[(pos % ratio) * width + i];
+    }
   std::vector<float> rows_cpu(static_cast<size_t>(n_groups * d));  // [groups, d]
   std::vector<double> rows_scale(rows_cpu.size());                 // weighted mean |a|
-  for (int64_t pos = 0; pos < T; ++pos) {
-    const int slot =
-        overlap ? ratio + static_cast<int>(pos % ratio) : static_cast<int>(pos % ratio);
-    for (int i = 0; i < width; ++i) {
-      kv_state[slot * width + i] = a[pos * width + i];
-      score_state[slot * width + i] = g[pos * width + i] + ape[(pos % ratio) * width + i];
+  std::vector<const float*> cand(static_cast<size_t>(overlap ? 2 * ratio : ratio));
+  for (int64_t j = 0; j < n_groups; ++j) {
+    const int64_t from = overlap ? j * ratio - ratio : j * ratio;  // first candidate position
+    for (size_t k = 0; k < cand.size(); ++k) {
+      const int64_t p = from + static_cast<int64_t>(k);
+      cand[k] = p < 0 && !pass_prev ? nullptr : hist.data() + (ratio + p) * 2 * width;
     }
-    if ((pos + 1) % ratio != 0) continue;
-    const int64_t j = pos / ratio;
-    for (int c = 0; c < d; ++c) {
-      float mx = -INFINITY;
-      auto visit = [&](auto&& fn) {
-        if (overlap) {
-          for (int s = 0; s < ratio; ++s) fn(score_state[s * width + c], kv_state[s * width + c]);
-          for (int s = ratio; s < 2 * ratio; ++s)
-            fn(score_state[s * width + d + c], kv_state[s * width + d + c]);
-        } else {
-          for (int s = 0; s < ratio; ++s) fn(score_state[s * width + c], kv_state[s * width + c]);
-        }
+    cpu::PoolGroup(cand, ratio, width, overlap, rows_cpu.data() + j * d);
+    for (int c = 0; c < d; ++c) {  // error scale: the softmax-weighted mean of |a|
+      double mx = -INFINITY, sum = 0, acc_abs = 0;
+      auto cand_at = [&](size_t k, double* sc, double* v) {
+        const int dim = overlap && static_cast<int>(k) >= ratio ? d + c : c;
+        *v = cand[k] ? cand[k][dim] : 0.0;
+        *sc = cand[k] ? cand[k][width + dim] : -INFINITY;
       };
-      visit([&](float sc, float) { mx = std::max(mx, sc); });
-      float sum = 0.0f, acc = 0.0f;
-      double acc_abs = 0;
-      visit([&](float sc, float kv) {
-        float e = std::exp(sc - mx);
-        sum += e;
-        acc += e * kv;
-        acc_abs += std::fabs(double{e} * kv);
-      });
-      rows_cpu[j * d + c] = acc / sum;
+      double sc, v;
+      for (size_t k = 0; k < cand.size(); ++k) cand_at(k, &sc, &v), mx = std::max(mx, sc);
+      for (size_t k = 0; k < cand.size(); ++k) {
+        cand_at(k, &sc, &v);
+        sum += std::exp(sc - mx);
+        acc_abs += std::exp(sc - mx) * std::fabs(v);
+      }
       rows_scale[j * d + c] = acc_abs / sum;
     }
-    if (overlap) {
-      std::copy(kv_state.begin() + ratio * width, kv_state.end(), kv_state.begin());
-      std::copy(score_state.begin() + ratio * width, score_state.end(), score_state.begin());
-    }
-    std::fill(score_state.begin() + (overlap ? ratio * width : 0), score_state.end(), -INFINITY);
-    std::fill(kv_state.begin() + (overlap ? ratio * width : 0), kv_state.end(), 0.0f);
   }
   ASSIGN_OR_FAIL(DeviceBuffer da, dev.Upload(a.data(), a.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dg, dev.Upload(g.data(), g.size() * 4));
@@ -967,7 +955,6 @@ CheckResult CheckCompressorPool(CudaDevice& dev, int64_t n_groups, int ratio, in
   ASSIGN_OR_FAIL(DeviceBuffer dprev_a, dev.Upload(prev_a.data(), prev_a.size() * 4));
   ASSIGN_OR_FAIL(DeviceBuffer dprev_s, dev.Upload(prev_score.data(), prev_score.size() * 4));
   ASSIGN_OR_FAIL(GuardedOutput drows, GuardedOutput::Make(dev, n_groups * d, nullptr));
-  const bool pass_prev = overlap && with_prev;
   CHECK_OK_OR_FAIL(CompressorPool(dev, da.as<float>(), dg.as<float>(), dape.as<float>(), n_groups,
                                   ratio, width, overlap, pass_prev ? dprev_a.as<float>() : nullptr,
                                   pass_prev ? dprev_s.as<float>() : nullptr, drows.ptr()));
@@ -1042,7 +1029,7 @@ CheckResult CheckForward(CudaDevice& dev, const model::ModelWeights& weights, in
   ThreadPool pool(2);
   ASSIGN_OR_FAIL(auto cpu_model, cpu::CpuModel::Create(weights, Numerics::Fp32Reference(), pool));
   auto cpu_state = cpu_model->NewSequence();
-  cpu::ForwardOutput want, got;
+  ForwardOutput want, got;
   CHECK_OK_OR_FAIL(cpu_model->Forward(*cpu_state, ids, {.all_logits = true}, &want));
   ASSIGN_OR_FAIL(auto gpu_model, CudaModel::Create(dev, weights, Numerics::Fp32Reference()));
   ASSIGN_OR_FAIL(auto gpu_state, gpu_model->NewSequence());

@@ -1,5 +1,7 @@
-// Attention (window + compressor + indexer + sparse attention with sink) and MoE of one V4
-// layer on the GPU, step for step as backend/cpu/attention.cc and moe.cc.
+// The GPU's V4Ops that read or write sequence state (compressor pooling and storage, the
+// indexer's selection, sparse attention over the pool, the window ring) and the grouped ops
+// (output projection, MoE router and experts). The layer program (backend/v4_forward.cc) calls
+// them in the order of the spec.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -35,150 +37,146 @@ Status Copy2D(CudaDevice& dev, float* dst, int64_t dst_stride, const float* src,
 
 }  // namespace
 
-// Feeds one sequence's n new tokens (positions start_pos..; a, g: their projections [n, width])
-// into one compressor: the pooled rows of every group that completes (written to rows_out
-// [n_groups, d]), their norm, RoPE at the group's first position and the numerics'
-// post-processing (attention.cc CompressorFeed + CompressorPush), and the state's new partial /
+// Feeds each sequence's new tokens into one compressor of `layer`: the raw pooled rows of every
+// group that completes (before norm and RoPE) into rows_out, and the state's new partial /
 // previous groups.
-Status CudaModel::CompressorStep(const DeviceCompressor& cw, CudaCompressorState& st, int li,
-                                 int64_t start_pos, int64_t T, const float* a, const float* g,
-                                 int d, float* rows_out, bool index_keys) {
-  const model::ModelConfig& c = config();
-  const Numerics& nm = numerics_;
-  const int r = st.ratio, w = st.width;
-  const int64_t p0 = start_pos % r;  // tokens of the open group already in the state
-  const int64_t n_all = p0 + T, n_groups = n_all / r, left = n_all % r;
-  if (n_groups == 0) {
-    // No group completes (most decode steps): the new rows join the open group in place, two
-    // copies instead of assembling the group elsewhere and copying it back (up to six).
-    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.pending_a.as<float>() + p0 * w, a, T * w, "open a"));
-    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.pending_g.as<float>() + p0 * w, g, T * w, "open g"));
-    return Status::Ok();
-  }
-  // The open group's rows, then the step's: complete groups start at row 0.
-  DSINFER_ASSIGN_OR_RETURN(float* a_all, ws_->Get(dev_, Workspace::kAall, n_all * w));
-  DSINFER_ASSIGN_OR_RETURN(float* g_all, ws_->Get(dev_, Workspace::kGall, n_all * w));
-  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all, st.pending_a.as<float>(), p0 * w, "pending a"));
-  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all, st.pending_g.as<float>(), p0 * w, "pending g"));
-  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all + p0 * w, a, T * w, "step a"));
-  DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all + p0 * w, g, T * w, "step g"));
-  const bool has_prev = st.overlap && start_pos - p0 >= r;
-  DSINFER_RETURN_IF_ERROR(CompressorPool(dev_, a_all, g_all, cw.ape.as<float>(), n_groups, r, w,
-                                         st.overlap, has_prev ? st.prev_a.as<float>() : nullptr,
-                                         has_prev ? st.prev_score.as<float>() : nullptr, rows_out));
-  if (st.overlap) {
-    const int64_t last = (n_groups - 1) * r * w;
-    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.prev_a.as<float>(), a_all + last, r * w, "prev a"));
-    DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchAdd(g_all + last, cw.ape.as<float>(), r * w,
-                                                 st.prev_score.as<float>(), dev_.stream()),
-                                       "prev score"));
-  }
-  DSINFER_RETURN_IF_ERROR(
-      CopyD2D(dev_, st.pending_a.as<float>(), a_all + n_groups * r * w, left * w, "open a"));
-  DSINFER_RETURN_IF_ERROR(
-      CopyD2D(dev_, st.pending_g.as<float>(), g_all + n_groups * r * w, left * w, "open g"));
-  // Post-processing of the new rows [n_groups, d].
-  const bool rb = nm.round_bf16;
-  if (rb)
-    DSINFER_RETURN_IF_ERROR(CudaStatus(
-        LaunchScaleRound(rows_out, n_groups * d, 1.0f, true, dev_.stream()), "round rows"));
-  DSINFER_RETURN_IF_ERROR(
-      RmsNormRows(dev_, rows_out, n_groups, d, cw.norm.as<float>(), c.norm_eps, rb));
-  std::vector<int64_t> first(static_cast<size_t>(n_groups));  // [n_groups] group start positions
-  for (int64_t j = 0; j < n_groups; ++j) first[j] = start_pos - p0 + j * r;
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dfirst, dev_.UploadStaged(first.data(), first.size() * 8));
-  const DeviceLayer& dl = *layers_[li];
-  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, rows_out, n_groups, d, d - c.rope_dim,
-                                    dfirst.as<const int64_t>(), dl.inv_freq.as<float>(),
-                                    c.rope_dim / 2, false, rb));
-  if (index_keys) {
-    if (nm.indexer_fp4) {
+Result<CompressedRows> CudaModel::CompressorPool(int layer, Compressor which, const float* a,
+                                                 const float* g, float* rows_out) {
+  const bool index = which == Compressor::kIndex;
+  const DeviceLayer& dl = *layers_[layer];
+  const DeviceCompressor& cw = index ? dl.index_compressor : dl.compressor;
+  CompressedRows done;
+  done.per_segment.assign(segments_.size(), 0);
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    CudaLayerState& ls = Seq(si).layers[layer];
+    CudaCompressorState& st = index ? ls.index_compressor : ls.compressor;
+    const int r = st.ratio, w = st.width;
+    const int d = st.overlap ? w / 2 : w;
+    const int64_t T = sg.n, p0 = sg.start_pos % r;  // tokens of the open group already held
+    const int64_t n_all = p0 + T, n_groups = n_all / r, left = n_all % r;
+    const float* sa = a + sg.row * w;
+    const float* sgate = g + sg.row * w;
+    if (n_groups == 0) {
+      // No group completes (most decode steps): the new rows join the open group in place.
+      DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.pending_a.as<float>() + p0 * w, sa, T * w, "open a"));
       DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchHadamard(rows_out, n_groups, d, rb, dev_.stream()), "Hadamard keys"));
-      DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchFp4RoundTrip(rows_out, n_groups, d, d, 32, dev_.stream()), "FP4 keys"));
+          CopyD2D(dev_, st.pending_g.as<float>() + p0 * w, sgate, T * w, "open g"));
+      continue;
     }
-  } else if (nm.kv_fp8_round_trip) {
-    DSINFER_RETURN_IF_ERROR(CudaStatus(
-        LaunchFp8RoundTrip(rows_out, n_groups, c.NopeDim(), d, 64, dev_.stream()), "FP8 rows"));
+    // The open group's rows, then the step's: complete groups start at row 0.
+    DSINFER_ASSIGN_OR_RETURN(float* a_all, ws_->Get(dev_, Workspace::kAall, n_all * w));
+    DSINFER_ASSIGN_OR_RETURN(float* g_all, ws_->Get(dev_, Workspace::kGall, n_all * w));
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all, st.pending_a.as<float>(), p0 * w, "pending a"));
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all, st.pending_g.as<float>(), p0 * w, "pending g"));
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, a_all + p0 * w, sa, T * w, "step a"));
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, g_all + p0 * w, sgate, T * w, "step g"));
+    const bool has_prev = st.overlap && sg.start_pos - p0 >= r;
+    DSINFER_RETURN_IF_ERROR(cuda::CompressorPool(
+        dev_, a_all, g_all, cw.ape.as<float>(), n_groups, r, w, st.overlap,
+        has_prev ? st.prev_a.as<float>() : nullptr, has_prev ? st.prev_score.as<float>() : nullptr,
+        rows_out + done.n * d));
+    if (st.overlap) {
+      const int64_t last = (n_groups - 1) * r * w;
+      DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, st.prev_a.as<float>(), a_all + last, r * w, "prev a"));
+      DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchAdd(g_all + last, cw.ape.as<float>(), r * w,
+                                                   st.prev_score.as<float>(), dev_.stream()),
+                                         "prev score"));
+    }
+    DSINFER_RETURN_IF_ERROR(
+        CopyD2D(dev_, st.pending_a.as<float>(), a_all + n_groups * r * w, left * w, "open a"));
+    DSINFER_RETURN_IF_ERROR(
+        CopyD2D(dev_, st.pending_g.as<float>(), g_all + n_groups * r * w, left * w, "open g"));
+    for (int64_t j = 0; j < n_groups; ++j) done.first_pos.push_back(sg.start_pos - p0 + j * r);
+    done.per_segment[si] = n_groups;
+    done.n += n_groups;
   }
-  return Status::Ok();  // buffers freed on return are released in stream order
+  return done;
 }
 
-Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, const float* x,
-                            float* out) {
+Status CudaModel::StoreCompressed(int layer, Compressor which, const CompressedRows& rows,
+                                  const float* data) {
   const model::ModelConfig& c = config();
-  const Numerics& nm = numerics_;
-  const DeviceLayer& d = *layers_[li];
-  const bool rb = nm.round_bf16;
-  const int H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
-  const int ratio = d.ratio;
-  const int W = c.window;
-  const int64_t window_region = W - 1 + kMaxStepTokens;
-  const float* inv_freq = d.inv_freq.as<float>();
+  const bool index = which == Compressor::kIndex;
+  const int64_t d = index ? c.index_head_dim : c.head_dim;
+  const int64_t window_region = c.window - 1 + kMaxStepTokens;
+  int64_t k = 0;
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const int64_t n = rows.per_segment[si];
+    if (n == 0) continue;
+    CudaLayerState& ls = Seq(si).layers[layer];
+    const CudaCompressorState& st = index ? ls.index_compressor : ls.compressor;
+    const int64_t j = rows.first_pos[k] / st.ratio;  // the first new row's index
+    float* dst = index ? ls.index_keys.as<float>() + j * d
+                       : ls.pool.as<float>() + (window_region + j) * d;
+    DSINFER_RETURN_IF_ERROR(CopyD2D(dev_, dst, data + k * d, n * d, "store compressed rows"));
+    k += n;
+  }
+  return Status::Ok();
+}
 
-  // ---- query path, all sequences' rows at once (positions per row from step_).
-  DSINFER_ASSIGN_OR_RETURN(float* qr, ws_->Get(dev_, Workspace::kQr, T * c.q_lora_rank));
-  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wq_a, x, T, qr));
-  DSINFER_RETURN_IF_ERROR(
-      RmsNormRows(dev_, qr, T, c.q_lora_rank, d.q_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_ASSIGN_OR_RETURN(float* q, ws_->Get(dev_, Workspace::kQ, T * H * hd));  // [T, H, hd]
-  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wq_b, qr, T, q));
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchHeadRmsNorm(q, T * H, hd, static_cast<float>(c.norm_eps), rb, dev_.stream()),
-                 "head norm"));
-  DSINFER_RETURN_IF_ERROR(
-      ApplyRope(dev_, q, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, false, rb));
-
-  // ---- window KV rows [T, hd].
-  DSINFER_ASSIGN_OR_RETURN(float* kv, ws_->Get(dev_, Workspace::kKv, T * hd));
-  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wkv, x, T, kv));
-  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, kv, T, hd, d.kv_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, kv, T, hd, nope, step_.pos, inv_freq, rd / 2, false, rb));
-  if (nm.kv_fp8_round_trip)
-    DSINFER_RETURN_IF_ERROR(
-        CudaStatus(LaunchFp8RoundTrip(kv, T, nope, hd, 64, dev_.stream()), "FP8 KV"));
-
-  // ---- compressor and indexer projections, all rows at once (fp32, no rounding).
-  float *ca = nullptr, *cg = nullptr, *ia = nullptr, *ig = nullptr, *qi = nullptr, *wts = nullptr;
+Result<Selection> CudaModel::IndexerSelect(int layer, const float* qi, const float* wts) {
+  const model::ModelConfig& c = config();
+  const int ratio = program_.plans()[layer].index_ratio;
   const int ih = c.index_n_heads, ihd = c.index_head_dim;
-  if (ratio > 0) {
-    const int64_t w = d.compressor.wkv.view.rows;
-    DSINFER_ASSIGN_OR_RETURN(ca, ws_->Get(dev_, Workspace::kA, T * w));  // [T, w]
-    DSINFER_ASSIGN_OR_RETURN(cg, ws_->Get(dev_, Workspace::kG, T * w));  // [T, w]
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.compressor.wkv, x, T, ca));
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.compressor.wgate, x, T, cg));
-  }
-  if (ratio == 4) {
-    DSINFER_ASSIGN_OR_RETURN(qi, ws_->Get(dev_, Workspace::kQi, T * ih * ihd));  // [T, ih, ihd]
-    DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_wq_b, qr, T, qi));
-    DSINFER_RETURN_IF_ERROR(ApplyRope(dev_, qi, T * ih, ihd, ihd - rd, step_.pos_index_heads,
-                                      inv_freq, rd / 2, false, rb));
-    if (nm.indexer_fp4) {
-      DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchHadamard(qi, T * ih, ihd, rb, dev_.stream()), "Hadamard q"));
-      DSINFER_RETURN_IF_ERROR(
-          CudaStatus(LaunchFp4RoundTrip(qi, T * ih, ihd, ihd, 32, dev_.stream()), "FP4 q"));
+  Selection selected(static_cast<size_t>(step_rows_));
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    CudaLayerState& ls = Seq(si).layers[layer];
+    const int64_t n = sg.n, r0 = sg.row;
+    std::vector<int32_t> n_vis(static_cast<size_t>(n));  // [n]
+    int32_t max_vis = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      n_vis[t] = static_cast<int32_t>((sg.start_pos + t + 1) / ratio);
+      max_vis = std::max(max_vis, n_vis[t]);
     }
-    DSINFER_ASSIGN_OR_RETURN(wts, ws_->Get(dev_, Workspace::kWts, T * ih));  // [T, ih]
-    DSINFER_RETURN_IF_ERROR(QuantLinear(d.index_weights_proj, x, T, wts));
-    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * ih);
-    DSINFER_RETURN_IF_ERROR(
-        CudaStatus(LaunchScaleRound(wts, T * ih, wscale, rb, dev_.stream()), "indexer weights"));
-    const int64_t w = d.index_compressor.wkv.view.rows;
-    DSINFER_ASSIGN_OR_RETURN(ia, ws_->Get(dev_, Workspace::kIa, T * w));  // [T, w]
-    DSINFER_ASSIGN_OR_RETURN(ig, ws_->Get(dev_, Workspace::kIg, T * w));  // [T, w]
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.index_compressor.wkv, x, T, ia));
-    DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.index_compressor.wgate, x, T, ig));
+    if (max_vis <= c.index_topk) {
+      for (int64_t t = 0; t < n; ++t) {
+        selected[r0 + t].resize(n_vis[t]);
+        std::iota(selected[r0 + t].begin(), selected[r0 + t].end(), 0);
+      }
+      continue;
+    }
+    // n_vis[t] <= max_vis <= the keys the pool holds; one upload serves both kernels.
+    DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, n * max_vis));
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn, dev_.UploadStaged(n_vis.data(), n_vis.size() * 4));
+    DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
+                             dev_.Alloc(static_cast<size_t>(n * c.index_topk) * 4));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchIndexerScores(qi + r0 * ih * ihd, wts + r0 * ih, ls.index_keys.as<float>(),
+                            dn.as<const int32_t>(), n, ih, ihd, max_vis, numerics_.round_bf16,
+                            scores, dev_.stream()),
+        "IndexerScores"));
+    DSINFER_RETURN_IF_ERROR(CudaStatus(LaunchTopK(scores, n, max_vis, dn.as<const int32_t>(),
+                                                  c.index_topk, didx.as<int32_t>(), dev_.stream()),
+                                       "TopK"));
+    std::vector<int32_t> idx(static_cast<size_t>(n * c.index_topk));  // [n, topk]
+    DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
+    for (int64_t t = 0; t < n; ++t)
+      for (int k = 0; k < c.index_topk; ++k) {
+        const int32_t j = idx[t * c.index_topk + k];
+        if (j >= 0) selected[r0 + t].push_back(j);
+      }
+    step_stats_.kv_bytes += int64_t{max_vis} * ihd * 4;
   }
+  return selected;
+}
 
-  // ---- per sequence: its pool, compressors, indexer selection and sparse attention.
-  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.attention_dense));
-  DSINFER_ASSIGN_OR_RETURN(float* o, ws_->Get(dev_, Workspace::kO, T * H * hd));  // [T, H, hd]
+Status CudaModel::SparseAttention(int layer, int kv_layer, int ratio, const float* q,
+                                  const float* kv, const Selection* selected, float* o) {
+  const model::ModelConfig& c = config();
+  // The pool holds a layer's window rows and its own compressed rows side by side; a layer that
+  // reads another layer's rows (V4.1's kv sources) needs them gathered first.
+  if (ratio > 0 && kv_layer != layer)
+    return Unimplemented("GPU sparse attention over another layer's compressed rows");
+  const DeviceLayer& d = *layers_[layer];
+  const int H = c.n_heads, hd = c.head_dim, W = c.window;
+  const int64_t window_region = W - 1 + kMaxStepTokens;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (const Segment& sg : segments) {
-    CudaLayerState& ls = sg.seq->layers[li];
-    const int64_t P = sg.seq->n_tokens, n = static_cast<int64_t>(sg.tokens.size()), r0 = sg.row;
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    CudaLayerState& ls = Seq(si).layers[layer];
+    const int64_t P = sg.start_pos, n = sg.n, r0 = sg.row;
     std::vector<int64_t> pos(static_cast<size_t>(n));  // [n] host copy for the row lists
     for (int64_t t = 0; t < n; ++t) pos[t] = P + t;
     // The pool's window region: positions base .. P + n - 1 in order (the ring's, then the new).
@@ -189,59 +187,10 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
         "ring gather"));
     DSINFER_RETURN_IF_ERROR(
         CopyD2D(dev_, pool + (P - base) * hd, kv + r0 * hd, n * hd, "window rows"));
-    // Compressed rows of groups completed in this step join the pool.
     const int64_t n_comp = ratio > 0 ? (P + n) / ratio : 0;
-    if (ratio > 0) {
-      const int64_t w = ls.compressor.width;
-      DSINFER_RETURN_IF_ERROR(CompressorStep(d.compressor, ls.compressor, li, P, n, ca + r0 * w,
-                                             cg + r0 * w, hd,
-                                             pool + (window_region + P / ratio) * hd, false));
-    }
-    // Indexer (CSA): per-query top-k of the visible compressed rows.
-    std::vector<std::vector<int32_t>> selected;
-    if (ratio == 4) {
-      const int64_t w = ls.index_compressor.width;
-      DSINFER_RETURN_IF_ERROR(CompressorStep(d.index_compressor, ls.index_compressor, li, P, n,
-                                             ia + r0 * w, ig + r0 * w, ihd,
-                                             ls.index_keys.as<float>() + (P / 4) * ihd, true));
-      std::vector<int32_t> n_vis(static_cast<size_t>(n));  // [n]
-      int32_t max_vis = 0;
-      for (int64_t t = 0; t < n; ++t) {
-        n_vis[t] = static_cast<int32_t>((P + t + 1) / 4);
-        max_vis = std::max(max_vis, n_vis[t]);
-      }
-      selected.resize(static_cast<size_t>(n));
-      if (max_vis <= c.index_topk) {
-        for (int64_t t = 0; t < n; ++t) {
-          selected[t].resize(n_vis[t]);
-          std::iota(selected[t].begin(), selected[t].end(), 0);
-        }
-      } else {
-        // n_vis[t] <= max_vis <= n_comp by construction; one upload serves both kernels.
-        DSINFER_ASSIGN_OR_RETURN(float* scores, ws_->Get(dev_, Workspace::kScores, n * max_vis));
-        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dn,
-                                 dev_.UploadStaged(n_vis.data(), n_vis.size() * 4));
-        DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx,
-                                 dev_.Alloc(static_cast<size_t>(n * c.index_topk) * 4));
-        DSINFER_RETURN_IF_ERROR(
-            CudaStatus(LaunchIndexerScores(qi + r0 * ih * ihd, wts + r0 * ih,
-                                           ls.index_keys.as<float>(), dn.as<const int32_t>(), n, ih,
-                                           ihd, max_vis, rb, scores, dev_.stream()),
-                       "IndexerScores"));
-        DSINFER_RETURN_IF_ERROR(
-            CudaStatus(LaunchTopK(scores, n, max_vis, dn.as<const int32_t>(), c.index_topk,
-                                  didx.as<int32_t>(), dev_.stream()),
-                       "TopK"));
-        std::vector<int32_t> idx(static_cast<size_t>(n * c.index_topk));  // [n, topk]
-        DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(idx.data(), didx.data(), idx.size() * 4));
-        for (int64_t t = 0; t < n; ++t)
-          for (int k = 0; k < c.index_topk; ++k) {
-            const int32_t j = idx[t * c.index_topk + k];
-            if (j >= 0) selected[t].push_back(j);
-          }
-      }
-    }
-    // Sparse attention with sink over this sequence's pool.
+    std::vector<std::vector<int32_t>> mine;  // this sequence's rows of the selection
+    if (selected != nullptr)
+      mine.assign(selected->begin() + r0, selected->begin() + r0 + n);
     SparseRowSpec spec;
     spec.window = W;
     spec.ratio = ratio;
@@ -250,7 +199,7 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
     spec.compressed_base = window_region;
     spec.compressed_rows = n_comp;
     DSINFER_ASSIGN_OR_RETURN(SparseRowLists lists,
-                             BuildSparseRowLists(spec, pos, ratio == 4 ? &selected : nullptr));
+                             BuildSparseRowLists(spec, pos, selected != nullptr ? &mine : nullptr));
     // BuildSparseRowLists checked every row against the pool; offsets and rows go up together.
     const int64_t total = static_cast<int64_t>(lists.rows.size());
     std::vector<int32_t> packed = lists.offsets;  // [n + 1 offsets | total rows]
@@ -262,77 +211,82 @@ Status CudaModel::Attention(int li, std::span<Segment> segments, int64_t T, cons
     DSINFER_RETURN_IF_ERROR(CudaStatus(
         LaunchSparseAttention(q + r0 * H * hd, n, H, hd, pool, dlists.as<const int32_t>(),
                               dlists.as<const int32_t>() + n + 1, total, d.attn_sink.as<float>(),
-                              scale, rb, probs, o + r0 * H * hd, dev_.stream()),
+                              scale, numerics_.round_bf16, probs, o + r0 * H * hd, dev_.stream()),
         "SparseAttention"));
     step_stats_.kv_bytes += (P - base + n + n_comp) * hd * 4;
-    if (ratio == 4) step_stats_.kv_bytes += n_comp * int64_t{ihd} * 4;
-    // The last `window` KV rows stay in the ring for the next step.
-    DSINFER_RETURN_IF_ERROR(
-        CudaStatus(LaunchRingScatter(kv + r0 * hd, n, P, W, hd, ls.ring.as<float>(), dev_.stream()),
-                   "ring scatter"));
   }
-  DSINFER_RETURN_IF_ERROR(
-      ApplyRope(dev_, o, T * H, hd, nope, step_.pos_heads, inv_freq, rd / 2, true, rb));
+  return Status::Ok();
+}
 
-  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.attention_per_sequence));
-  // ---- grouped output projection: wo_a per group (no act quant), then wo_b.
+Status CudaModel::StoreWindow(int layer, const float* kv) {
+  const model::ModelConfig& c = config();
+  // The last `window` KV rows stay in the ring for the next step.
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        LaunchRingScatter(kv + sg.row * c.head_dim, sg.n, sg.start_pos, c.window, c.head_dim,
+                          Seq(si).layers[layer].ring.as<float>(), dev_.stream()),
+        "ring scatter"));
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::OutputProjectionA(int layer, const float* o, float* z) {
+  const model::ModelConfig& c = config();
+  const DeviceLayer& d = *layers_[layer];
+  const int64_t T = step_rows_, H = c.n_heads, hd = c.head_dim;
   const int G = c.o_groups;
-  const int64_t group_in = int64_t{H / G} * hd, L = c.o_lora_rank;
-  DSINFER_ASSIGN_OR_RETURN(float* z, ws_->Get(dev_, Workspace::kZ, T * G * L));       // [T, G*L]
+  const int64_t group_in = (H / G) * hd, L = c.o_lora_rank;
   DSINFER_ASSIGN_OR_RETURN(float* og, ws_->Get(dev_, Workspace::kOg, T * group_in));  // [T, in]
   DSINFER_ASSIGN_OR_RETURN(float* zg, ws_->Get(dev_, Workspace::kZg, T * L));         // [T, L]
   for (int g = 0; g < G; ++g) {
     DSINFER_RETURN_IF_ERROR(
-        Copy2D(dev_, og, group_in, o + g * group_in, int64_t{H} * hd, group_in, T, "o group"));
+        Copy2D(dev_, og, group_in, o + g * group_in, H * hd, group_in, T, "o group"));
     DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.wo_a_groups[g], og, T, zg));
     DSINFER_RETURN_IF_ERROR(Copy2D(dev_, z + g * L, G * L, zg, L, L, T, "z group"));
   }
-  if (rb)
-    DSINFER_RETURN_IF_ERROR(
-        CudaStatus(LaunchScaleRound(z, T * G * L, 1.0f, true, dev_.stream()), "round z"));
-  DSINFER_RETURN_IF_ERROR(QuantLinear(d.wo_b, z, T, out));
-  return MarkPhase(&phase_times_.attention_dense);  // buffers freed on return: stream order
+  return Status::Ok();
 }
 
-Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
-  const model::ModelConfig& c = config();
-  const Numerics& nm = numerics_;
-  const DeviceLayer& d = *layers_[li];
-  const bool rb = nm.round_bf16;
-  const int64_t D = c.hidden, inter = c.moe_inter;
-  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
-  const float limit = static_cast<float>(c.swiglu_limit);
+// ---- MoE ------------------------------------------------------------------------------------
 
+Status CudaModel::Route(int layer, bool hash, const float* x) {
+  const model::ModelConfig& c = config();
+  const DeviceLayer& d = *layers_[layer];
+  const int64_t T = step_rows_;
+  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  if (hash && d.tid2eid.data() == nullptr) return Internal("hash-routed layer without tid2eid");
   // Router on the device; its choices come back to group the tokens per expert.
   DSINFER_ASSIGN_OR_RETURN(float* logits,
                            ws_->Get(dev_, Workspace::kRouterLogits, T * E));  // [T, E]
   DSINFER_RETURN_IF_ERROR(MatMul(dev_, d.gate, x, T, logits));
   // chosen [T, K] int32 then weights [T, K] f32 in one buffer: one copy back.
   DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dsel, dev_.Alloc(static_cast<size_t>(2 * T * K) * 4));
-  const bool hash = d.tid2eid.data() != nullptr;
-  DSINFER_RETURN_IF_ERROR(Route(dev_, logits, T, E, K, hash ? nullptr : d.gate_bias.as<float>(),
-                                hash ? d.tid2eid.as<int32_t>() : nullptr, c.vocab_size,
-                                step_.tokens, static_cast<float>(c.route_scale), dsel.as<int32_t>(),
-                                dsel.as<float>() + T * K));
-  std::vector<int32_t> sel(static_cast<size_t>(2 * T * K));  // [chosen | weight bits]
-  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(sel.data(), dsel.data(), sel.size() * 4));
-  std::span<const int32_t> chosen(sel.data(), static_cast<size_t>(T * K));
+  DSINFER_RETURN_IF_ERROR(cuda::Route(
+      dev_, logits, T, E, K, hash ? nullptr : d.gate_bias.as<float>(),
+      hash ? d.tid2eid.as<int32_t>() : nullptr, c.vocab_size, step_.tokens,
+      static_cast<float>(c.route_scale), dsel.as<int32_t>(), dsel.as<float>() + T * K));
+  Routing& rt = *routing_;
+  rt.layer = layer;
+  rt.sel.resize(static_cast<size_t>(2 * T * K));  // [chosen | weight bits]
+  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(rt.sel.data(), dsel.data(), rt.sel.size() * 4));
+  std::span<const int32_t> chosen(rt.sel.data(), static_cast<size_t>(T * K));
   for (int32_t e : chosen)
     if (e < 0 || e >= E) return Internal("MoE router chose expert " + std::to_string(e));
-  DSINFER_ASSIGN_OR_RETURN(RoutedGroups groups, GroupRoutedTokens(chosen, E, K));
-  const model::LayerWeights& lw = weights_.layers[li];
+  DSINFER_ASSIGN_OR_RETURN(rt.groups, GroupRoutedTokens(chosen, E, K));
+  const model::LayerWeights& lw = weights_.layers[layer];
   for (int e = 0; e < E; ++e)
-    if (groups.offsets[e + 1] > groups.offsets[e]) {
+    if (rt.groups.offsets[e + 1] > rt.groups.offsets[e]) {
       step_stats_.routed_expert_bytes +=
           lw.experts[e].w1.Bytes() + lw.experts[e].w2.Bytes() + lw.experts[e].w3.Bytes();
       step_stats_.n_routed_experts_used++;
     }
-  const int64_t TK = T * K;
   // Everything the expert kernels index, in one upload of int32 words: per token its grouped
   // rows in ascending order (the CPU adds the routed outputs in expert order), per grouped row
   // its routing weight (f32 bits) and x row, the identity rows (w2 reads grouped row j itself),
   // and the grouped-GEMM tiles. GroupRoutedTokens' x rows are < T by construction.
-  const std::vector<int32_t> tile_list = ExpertTileWords(groups, kGroupedTileRows);  // [n, 3]
+  const int64_t TK = T * K;
+  const std::vector<int32_t> tile_list = ExpertTileWords(rt.groups, kGroupedTileRows);  // [n, 3]
   std::vector<int32_t> idx(static_cast<size_t>(4 * TK) + tile_list.size());
   int32_t* token_rows = idx.data();       // [T, K]
   int32_t* row_weight = token_rows + TK;  // [TK] f32 bits
@@ -341,26 +295,40 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
   int32_t* tile_words = identity + TK;    // [n_tiles, 3]
   std::vector<int32_t> fill(static_cast<size_t>(T), 0);
   for (int64_t j = 0; j < TK; ++j) {
-    const int32_t t = groups.tokens[j];
+    const int32_t t = rt.groups.tokens[j];
     token_rows[t * K + fill[t]++] = static_cast<int32_t>(j);
-    row_weight[j] = sel[T * K + groups.slots[j]];  // the weight's bits
+    row_weight[j] = rt.sel[TK + rt.groups.slots[j]];  // the weight's bits
     row_token[j] = t;
     identity[j] = static_cast<int32_t>(j);
   }
   std::copy(tile_list.begin(), tile_list.end(), tile_words);
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer didx, dev_.UploadStaged(idx.data(), idx.size() * 4));
-  const int32_t* d_token_rows = didx.as<const int32_t>();
+  DSINFER_ASSIGN_OR_RETURN(rt.lists, dev_.UploadStaged(idx.data(), idx.size() * 4));
+  rt.n_tiles = static_cast<int64_t>(tile_list.size() / 3);
+  return Status::Ok();
+}
+
+Status CudaModel::Experts(int layer, const float* x, float* out) {
+  const model::ModelConfig& c = config();
+  const Numerics& nm = numerics_;
+  const DeviceLayer& d = *layers_[layer];
+  const Routing& rt = *routing_;
+  if (rt.layer != layer) return Internal("Experts: no routing of this layer");
+  const bool rb = nm.round_bf16;
+  const int64_t T = step_rows_, D = c.hidden, inter = c.moe_inter;
+  const int K = c.n_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const int64_t TK = T * K;
+  const int32_t* d_token_rows = rt.lists.as<const int32_t>();
   const float* d_row_weight = reinterpret_cast<const float*>(d_token_rows + TK);
   const int32_t* d_row_token = d_token_rows + 2 * TK;
   const int32_t* d_identity = d_token_rows + 3 * TK;
   const int32_t* d_tiles = d_token_rows + 4 * TK;
-  const int64_t n_tiles = static_cast<int64_t>(tile_list.size() / 3);
   // The tensor-core path's 64-row tiles and input codes, made when a set first needs them.
   DeviceBuffer tc_tiles;
   int64_t n_tc_tiles = 0;
   auto tc_tile_list = [&]() -> Status {
     if (tc_tiles.data() != nullptr) return Status::Ok();
-    const std::vector<int32_t> words = ExpertTileWords(groups, kTcGroupedTileRows);
+    const std::vector<int32_t> words = ExpertTileWords(rt.groups, kTcGroupedTileRows);
     n_tc_tiles = static_cast<int64_t>(words.size() / 3);
     DSINFER_ASSIGN_OR_RETURN(tc_tiles, dev_.UploadStaged(words.data(), words.size() * 4));
     return Status::Ok();
@@ -392,7 +360,7 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
                      int64_t in_rows, float* y, const char* what) {
     if (UseTensorCores(set)) return tc_grouped(set, rows_of, in, in_rows, y, what);
     return CudaStatus(
-        LaunchGroupedMatMul(set.format, set.views.as<const DeviceWeightView>(), d_tiles, n_tiles,
+        LaunchGroupedMatMul(set.format, set.views.as<const DeviceWeightView>(), d_tiles, rt.n_tiles,
                             rows_of, in, set.rows, set.cols, y, dev_.stream()),
         what);
   };
@@ -434,10 +402,8 @@ Status CudaModel::Moe(int li, int64_t T, const float* x, float* out) {
       DSINFER_RETURN_IF_ERROR(
           CudaStatus(LaunchScaleRound(shared, T * D, 1.0f, true, dev_.stream()), "round shared"));
   }
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchMoeCombine(down, d_token_rows, K, shared, T, D, rb, out, dev_.stream()),
-                 "MoE combine"));
-  return Status::Ok();  // buffers freed on return are released in stream order
+  return CudaStatus(
+      LaunchMoeCombine(down, d_token_rows, K, shared, T, D, rb, out, dev_.stream()), "MoE combine");
 }
 
 }  // namespace dsinfer::backend::cuda

@@ -71,7 +71,12 @@ Result<DeviceWeight> RowSlice(CudaDevice& dev, const model::WeightMatrix& w, con
 }  // namespace
 
 CudaModel::CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numerics numerics)
-    : dev_(dev), weights_(weights), numerics_(numerics), ws_(std::make_unique<Workspace>()) {
+    : dev_(dev),
+      weights_(weights),
+      numerics_(numerics),
+      program_(weights.config(), numerics),
+      ws_(std::make_unique<Workspace>()),
+      routing_(std::make_unique<Routing>()) {
   const model::ModelConfig& c = weights.config();
   hc_shape_.hc = c.hc_mult;
   hc_shape_.hidden = c.hidden;
@@ -81,6 +86,71 @@ CudaModel::CudaModel(CudaDevice& dev, const model::ModelWeights& weights, Numeri
 }
 
 CudaModel::~CudaModel() = default;
+
+Result<std::unique_ptr<CudaModel::DeviceLayer>> CudaModel::UploadLayer(
+  CudaDevice& dev, const model::ModelConfig& c, const model::LayerPlan& plan,
+  const model::LayerWeights& lw) {
+  auto d = std::make_unique<DeviceLayer>();
+  d->ratio = plan.compress_ratio;
+  DSINFER_ASSIGN_OR_RETURN(d->hc_attn, UploadHc(dev, lw.hc_attn));
+  DSINFER_ASSIGN_OR_RETURN(d->hc_ffn, UploadHc(dev, lw.hc_ffn));
+  DSINFER_ASSIGN_OR_RETURN(d->attn_norm, UploadF32(dev, lw.attn_norm));
+  DSINFER_ASSIGN_OR_RETURN(d->ffn_norm, UploadF32(dev, lw.ffn_norm));
+  DSINFER_ASSIGN_OR_RETURN(d->q_norm, UploadF32(dev, lw.q_norm));
+  DSINFER_ASSIGN_OR_RETURN(d->kv_norm, UploadF32(dev, lw.kv_norm));
+  DSINFER_ASSIGN_OR_RETURN(d->attn_sink, UploadF32(dev, lw.attn_sink));
+  DSINFER_ASSIGN_OR_RETURN(d->wq_a, UploadWeight(dev, lw.wq_a));
+  DSINFER_ASSIGN_OR_RETURN(d->wq_b, UploadWeight(dev, lw.wq_b));
+  DSINFER_ASSIGN_OR_RETURN(d->wkv, UploadWeight(dev, lw.wkv));
+  DSINFER_ASSIGN_OR_RETURN(d->wo_a, UploadWeight(dev, lw.wo_a));
+  DSINFER_ASSIGN_OR_RETURN(d->wo_b, UploadWeight(dev, lw.wo_b));
+  d->wo_a_copies.resize(c.o_groups);
+  for (int g = 0; g < c.o_groups; ++g) {
+    DSINFER_ASSIGN_OR_RETURN(
+        DeviceWeight s, RowSlice(dev, lw.wo_a, d->wo_a, int64_t{g} * c.o_lora_rank, c.o_lora_rank,
+                                 &d->wo_a_copies[g]));
+    d->wo_a_groups.push_back(std::move(s));
+  }
+  if (plan.owns_compressor) {
+    DSINFER_ASSIGN_OR_RETURN(d->compressor, UploadCompressor(dev, lw.compressor));
+  }
+  if (plan.runs_indexer) {
+    DSINFER_ASSIGN_OR_RETURN(d->index_wq_b, UploadWeight(dev, lw.indexer.wq_b));
+    DSINFER_ASSIGN_OR_RETURN(d->index_weights_proj, UploadWeight(dev, lw.indexer.weights_proj));
+    DSINFER_ASSIGN_OR_RETURN(d->index_compressor, UploadCompressor(dev, lw.indexer.compressor));
+  }
+  const cpu::RopeTable rope = cpu::RopeTable::ForPlan(c, plan);
+  DSINFER_ASSIGN_OR_RETURN(d->inv_freq,
+                           dev.Upload(rope.inv_freq.data(), rope.inv_freq.size() * 4));
+  DSINFER_ASSIGN_OR_RETURN(d->gate, UploadWeight(dev, lw.gate));
+  if (plan.hash_routed) {
+    const int64_t n = lw.tid2eid.NumElements();
+    std::vector<int32_t> ids(static_cast<size_t>(n));  // [vocab, K] int32
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(lw.tid2eid.IntAt(i));
+    DSINFER_ASSIGN_OR_RETURN(d->tid2eid, dev.Upload(ids.data(), ids.size() * 4));
+  } else {
+    DSINFER_ASSIGN_OR_RETURN(d->gate_bias, UploadF32(dev, lw.gate_bias));
+  }
+  if (c.n_shared_experts > 0) {
+    DSINFER_ASSIGN_OR_RETURN(d->shared_w1, UploadWeight(dev, lw.shared.w1));
+    DSINFER_ASSIGN_OR_RETURN(d->shared_w3, UploadWeight(dev, lw.shared.w3));
+    DSINFER_ASSIGN_OR_RETURN(d->shared_w2, UploadWeight(dev, lw.shared.w2));
+  }
+  std::vector<const model::WeightMatrix*> w1, w3, w2;
+  for (const auto& e : lw.experts) w1.push_back(&e.w1), w3.push_back(&e.w3), w2.push_back(&e.w2);
+  DSINFER_ASSIGN_OR_RETURN(d->w1, UploadExperts(dev, w1));
+  DSINFER_ASSIGN_OR_RETURN(d->w3, UploadExperts(dev, w3));
+  DSINFER_ASSIGN_OR_RETURN(d->w2, UploadExperts(dev, w2));
+  if (plan.mtp) {
+    DSINFER_ASSIGN_OR_RETURN(d->e_proj, UploadWeight(dev, lw.e_proj));
+    DSINFER_ASSIGN_OR_RETURN(d->h_proj, UploadWeight(dev, lw.h_proj));
+    DSINFER_ASSIGN_OR_RETURN(d->enorm, UploadF32(dev, lw.enorm));
+    DSINFER_ASSIGN_OR_RETURN(d->hnorm, UploadF32(dev, lw.hnorm));
+    DSINFER_ASSIGN_OR_RETURN(d->norm, UploadF32(dev, lw.norm));
+    DSINFER_ASSIGN_OR_RETURN(d->hc_head, UploadHc(dev, lw.hc_head));
+  }
+  return d;
+}
 
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
                                                      const model::ModelWeights& weights,
@@ -123,59 +193,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
   DSINFER_ASSIGN_OR_RETURN(m->hc_head_fn_, UploadF32(dev, weights.hc_head.fn));
   DSINFER_ASSIGN_OR_RETURN(m->hc_head_base_, UploadF32(dev, weights.hc_head.base));
   DSINFER_ASSIGN_OR_RETURN(m->hc_head_scale_, UploadF32(dev, weights.hc_head.scale));
-  for (int li = 0; li < c.n_layers; ++li) {
-    const model::LayerWeights& lw = weights.layers[li];
-    auto d = std::make_unique<DeviceLayer>();
-    d->ratio = lw.compress_ratio;
-    DSINFER_ASSIGN_OR_RETURN(d->hc_attn, UploadHc(dev, lw.hc_attn));
-    DSINFER_ASSIGN_OR_RETURN(d->hc_ffn, UploadHc(dev, lw.hc_ffn));
-    DSINFER_ASSIGN_OR_RETURN(d->attn_norm, UploadF32(dev, lw.attn_norm));
-    DSINFER_ASSIGN_OR_RETURN(d->ffn_norm, UploadF32(dev, lw.ffn_norm));
-    DSINFER_ASSIGN_OR_RETURN(d->q_norm, UploadF32(dev, lw.q_norm));
-    DSINFER_ASSIGN_OR_RETURN(d->kv_norm, UploadF32(dev, lw.kv_norm));
-    DSINFER_ASSIGN_OR_RETURN(d->attn_sink, UploadF32(dev, lw.attn_sink));
-    DSINFER_ASSIGN_OR_RETURN(d->wq_a, UploadWeight(dev, lw.wq_a));
-    DSINFER_ASSIGN_OR_RETURN(d->wq_b, UploadWeight(dev, lw.wq_b));
-    DSINFER_ASSIGN_OR_RETURN(d->wkv, UploadWeight(dev, lw.wkv));
-    DSINFER_ASSIGN_OR_RETURN(d->wo_a, UploadWeight(dev, lw.wo_a));
-    DSINFER_ASSIGN_OR_RETURN(d->wo_b, UploadWeight(dev, lw.wo_b));
-    d->wo_a_copies.resize(c.o_groups);
-    for (int g = 0; g < c.o_groups; ++g) {
-      DSINFER_ASSIGN_OR_RETURN(
-          DeviceWeight s, RowSlice(dev, lw.wo_a, d->wo_a, int64_t{g} * c.o_lora_rank, c.o_lora_rank,
-                                   &d->wo_a_copies[g]));
-      d->wo_a_groups.push_back(std::move(s));
-    }
-    if (lw.compress_ratio > 0) {
-      DSINFER_ASSIGN_OR_RETURN(d->compressor, UploadCompressor(dev, lw.compressor));
-    }
-    if (lw.compress_ratio == 4) {
-      DSINFER_ASSIGN_OR_RETURN(d->index_wq_b, UploadWeight(dev, lw.indexer.wq_b));
-      DSINFER_ASSIGN_OR_RETURN(d->index_weights_proj, UploadWeight(dev, lw.indexer.weights_proj));
-      DSINFER_ASSIGN_OR_RETURN(d->index_compressor, UploadCompressor(dev, lw.indexer.compressor));
-    }
-    cpu::RopeTable rope = cpu::RopeTable::ForLayer(c, li);
-    DSINFER_ASSIGN_OR_RETURN(d->inv_freq,
-                             dev.Upload(rope.inv_freq.data(), rope.inv_freq.size() * 4));
-    DSINFER_ASSIGN_OR_RETURN(d->gate, UploadWeight(dev, lw.gate));
-    if (lw.tid2eid.valid()) {
-      const int64_t n = lw.tid2eid.NumElements();
-      std::vector<int32_t> ids(static_cast<size_t>(n));  // [vocab, K] int32
-      for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(lw.tid2eid.IntAt(i));
-      DSINFER_ASSIGN_OR_RETURN(d->tid2eid, dev.Upload(ids.data(), ids.size() * 4));
-    } else {
-      DSINFER_ASSIGN_OR_RETURN(d->gate_bias, UploadF32(dev, lw.gate_bias));
-    }
-    if (c.n_shared_experts > 0) {
-      DSINFER_ASSIGN_OR_RETURN(d->shared_w1, UploadWeight(dev, lw.shared.w1));
-      DSINFER_ASSIGN_OR_RETURN(d->shared_w3, UploadWeight(dev, lw.shared.w3));
-      DSINFER_ASSIGN_OR_RETURN(d->shared_w2, UploadWeight(dev, lw.shared.w2));
-    }
-    std::vector<const model::WeightMatrix*> w1, w3, w2;
-    for (const auto& e : lw.experts) w1.push_back(&e.w1), w3.push_back(&e.w3), w2.push_back(&e.w2);
-    DSINFER_ASSIGN_OR_RETURN(d->w1, UploadExperts(dev, w1));
-    DSINFER_ASSIGN_OR_RETURN(d->w3, UploadExperts(dev, w3));
-    DSINFER_ASSIGN_OR_RETURN(d->w2, UploadExperts(dev, w2));
+  for (const model::LayerPlan& plan : m->program_.plans()) {
+    DSINFER_ASSIGN_OR_RETURN(auto d, UploadLayer(dev, c, plan, weights.layers[plan.layer]));
     m->layers_.push_back(std::move(d));
   }
   DSINFER_RETURN_IF_ERROR(dev.Synchronize());
@@ -185,18 +204,19 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
   return m;
 }
 
+// ---- sequence state --------------------------------------------------------------------------
+
 Result<std::unique_ptr<CudaSequence>> CudaModel::NewSequence() {
   const model::ModelConfig& c = config();
   auto s = std::make_unique<CudaSequence>();
   s->owner = this;
-  s->layers.resize(c.n_layers);
-  for (int li = 0; li < c.n_layers; ++li) {
-    CudaLayerState& ls = s->layers[li];
+  s->layers.resize(program_.plans().size());
+  for (const model::LayerPlan& plan : program_.plans()) {
+    CudaLayerState& ls = s->layers[plan.layer];
     const int64_t ring_n = int64_t{c.window} * c.head_dim;
     DSINFER_ASSIGN_OR_RETURN(ls.ring, dev_.Alloc(static_cast<size_t>(ring_n) * 4));
     DSINFER_RETURN_IF_ERROR(dev_.Memset(ls.ring.data(), 0, ls.ring.bytes()));
-    DSINFER_RETURN_IF_ERROR(EnsureCapacity(li, ls, 0));
-    const int r = c.CompressRatio(li);
+    DSINFER_RETURN_IF_ERROR(EnsureCapacity(plan.layer, ls, 0));
     auto init = [&](CudaCompressorState& st, int ratio, int width, bool overlap) -> Status {
       st.ratio = ratio, st.width = width, st.overlap = overlap;
       const size_t bytes = static_cast<size_t>(ratio) * width * 4;
@@ -208,9 +228,12 @@ Result<std::unique_ptr<CudaSequence>> CudaModel::NewSequence() {
       }
       return Status::Ok();
     };
-    if (r > 0)
-      DSINFER_RETURN_IF_ERROR(init(ls.compressor, r, (r == 4 ? 2 : 1) * c.head_dim, r == 4));
-    if (r == 4) DSINFER_RETURN_IF_ERROR(init(ls.index_compressor, 4, 2 * c.index_head_dim, true));
+    if (plan.owns_compressor)
+      DSINFER_RETURN_IF_ERROR(init(ls.compressor, plan.compress_ratio, plan.compressor_width,
+                                   plan.compressor_overlap));
+    if (plan.runs_indexer)
+      DSINFER_RETURN_IF_ERROR(
+          init(ls.index_compressor, plan.index_ratio, plan.index_compressor_width, true));
   }
   return s;
 }
@@ -247,7 +270,8 @@ Result<std::unique_ptr<CudaSequence>> CudaModel::CopySequence(const CudaSequence
   DSINFER_RETURN_IF_ERROR(dev_.Activate());
   auto s = std::make_unique<CudaSequence>();
   s->owner = this;
-  s->n_tokens = from.n_tokens;
+  s->length = from.length;
+  s->mtp_length = from.mtp_length;
   s->layers.resize(from.layers.size());
   for (size_t li = 0; li < from.layers.size(); ++li) {
     const CudaLayerState& a = from.layers[li];
@@ -278,16 +302,14 @@ int64_t CudaModel::SequenceBytesAt(int64_t n_tokens) const {
   const int64_t hd = c.head_dim, ihd = c.index_head_dim;
   const int64_t window_region = c.window - 1 + kMaxStepTokens;
   int64_t b = 0;
-  for (int li = 0; li < c.n_layers; ++li) {
-    const int r = c.CompressRatio(li);
+  for (const model::LayerPlan& plan : program_.plans()) {
+    const int r = plan.owns_compressor ? plan.compress_ratio : 0;
     const int64_t need = r > 0 ? std::max<int64_t>(0, n_tokens) / r : 0;
     const int64_t cap = r > 0 ? std::max<int64_t>(16, 2 * need) : 0;
     b += int64_t{c.window} * hd * 4 + (window_region + cap) * hd * 4;  // ring + pool
-    if (r > 0) {
-      const int64_t width = (r == 4 ? 2 : 1) * hd;  // the compressor's projection width
-      b += (r == 4 ? 4 : 2) * r * width * 4;        // pending a / g (+ previous a / score)
-    }
-    if (r == 4) b += cap * ihd * 4 + 4 * 4 * (2 * ihd) * 4;  // indexer keys + its compressor
+    if (r > 0) b += (plan.compressor_overlap ? 4 : 2) * r * int64_t{plan.compressor_width} * 4;
+    if (plan.runs_indexer)  // indexer keys + its compressor's pending and previous groups
+      b += cap * ihd * 4 + 4 * int64_t{plan.index_ratio} * plan.index_compressor_width * 4;
   }
   return b;
 }
@@ -296,7 +318,8 @@ int64_t CudaModel::SequenceBytesAt(int64_t n_tokens) const {
 // of n_tokens_after positions; index keys likewise. Growth doubles and keeps the rows.
 Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_after) {
   const model::ModelConfig& c = config();
-  const int r = c.CompressRatio(li);
+  const model::LayerPlan& plan = program_.plans()[li];
+  const int r = plan.owns_compressor ? plan.compress_ratio : 0;
   const int64_t hd = c.head_dim;
   const int64_t window_region = c.window - 1 + kMaxStepTokens;
   const int64_t need = r > 0 ? n_tokens_after / r : 0;
@@ -315,9 +338,10 @@ Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_af
     ls.pool = std::move(pool);
     ls.compressed_capacity = cap;
   }
-  if (r == 4 && need > ls.index_capacity) {
+  const int64_t keys_need = plan.runs_indexer ? n_tokens_after / plan.index_ratio : 0;
+  if (plan.runs_indexer && keys_need > ls.index_capacity) {
     const int64_t ihd = c.index_head_dim;
-    const int64_t cap = std::max<int64_t>({need, 2 * ls.index_capacity, 16});
+    const int64_t cap = std::max<int64_t>({keys_need, 2 * ls.index_capacity, 16});
     DSINFER_ASSIGN_OR_RETURN(DeviceBuffer keys, dev_.Alloc(static_cast<size_t>(cap * ihd) * 4));
     if (ls.index_capacity > 0)
       DSINFER_RETURN_IF_ERROR(
@@ -331,6 +355,162 @@ Status CudaModel::EnsureCapacity(int li, CudaLayerState& ls, int64_t n_tokens_af
   }
   return Status::Ok();
 }
+
+// ---- stepping --------------------------------------------------------------------------------
+
+Status CudaModel::Forward(CudaSequence& seq, std::span<const int32_t> tokens,
+                          const ForwardOptions& options, ForwardOutput* out) {
+  CudaChunk chunk{&seq, tokens, options, out};
+  return ForwardBatch(std::span<CudaChunk>(&chunk, 1));
+}
+
+Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
+  const model::ModelConfig& c = config();
+  // Validate everything before touching any state: a bad chunk fails the step and loses nothing.
+  int64_t longest = 0;
+  for (const CudaChunk& ch : chunks) {
+    if (ch.seq == nullptr || ch.out == nullptr)
+      return InvalidArgument("ForwardBatch: chunk without sequence/output");
+    if (ch.seq->owner != this)
+      return InvalidArgument("Forward: the sequence belongs to another model");
+    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+    for (int32_t tok : ch.tokens)
+      if (tok < 0 || tok >= c.vocab_size)
+        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                               std::to_string(c.vocab_size) + ")");
+    for (const CudaChunk& other : chunks)
+      if (&other != &ch && other.seq == ch.seq)
+        return InvalidArgument("ForwardBatch: a sequence appears twice");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(ch.tokens.size()));
+  }
+  for (CudaChunk& ch : chunks) {
+    ch.out->logits.clear();
+    ch.out->hidden.clear();
+  }
+  const int64_t V = c.vocab_size, HD = int64_t{c.hc_mult} * c.hidden;
+  // Rounds of at most kMaxStepTokens tokens per sequence (the pool's window region holds that).
+  for (int64_t b = 0; b < longest; b += kMaxStepTokens) {
+    std::vector<Segment> segments;
+    std::vector<CudaChunk*> owners;  // [segments]
+    std::vector<int32_t> tokens;     // [T]
+    std::vector<int64_t> logit_rows, hidden_rows;
+    for (CudaChunk& ch : chunks) {
+      const int64_t n = static_cast<int64_t>(ch.tokens.size());
+      if (b >= n) continue;
+      const int64_t len = std::min(kMaxStepTokens, n - b);
+      const auto row = static_cast<int64_t>(tokens.size());
+      segments.push_back({row, len, ch.seq->length, ch.seq});
+      owners.push_back(&ch);
+      tokens.insert(tokens.end(), ch.tokens.begin() + b, ch.tokens.begin() + b + len);
+      const bool last = b + len == n;
+      if (ch.options.want_logits && (last || ch.options.all_logits))
+        for (int64_t t = ch.options.all_logits ? 0 : len - 1; t < len; ++t)
+          logit_rows.push_back(row + t);
+      if (ch.options.want_hidden)
+        for (int64_t t = 0; t < len; ++t) hidden_rows.push_back(row + t);
+    }
+    V4Forward::StepResult result;
+    DSINFER_RETURN_IF_ERROR(
+        program_.Step(*this, {segments, tokens, logit_rows, hidden_rows}, &result));
+    // A round that brings nothing back still ends complete (a prefill's timing, the next
+    // round's staging).
+    if (logit_rows.empty() && hidden_rows.empty()) DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
+    // Each chunk's rows of the results, appended round after round.
+    int64_t li = 0, hi = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      CudaChunk& ch = *owners[i];
+      const int64_t len = segments[i].n;
+      int64_t n_logits = 0;
+      while (li + n_logits < static_cast<int64_t>(logit_rows.size()) &&
+             logit_rows[li + n_logits] < segments[i].row + len)
+        ++n_logits;
+      ch.out->logits.insert(ch.out->logits.end(), result.logits.begin() + li * V,
+                            result.logits.begin() + (li + n_logits) * V);
+      li += n_logits;
+      if (ch.options.want_hidden) {
+        ch.out->hidden.insert(ch.out->hidden.end(), result.hidden.begin() + hi * HD,
+                              result.hidden.begin() + (hi + len) * HD);
+        hi += len;
+      }
+      ch.seq->length += len;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::ForwardMtp(CudaSequence& seq, std::span<const float> hidden,
+                             std::span<const int32_t> next_tokens, std::vector<float>* logits) {
+  const model::ModelConfig& c = config();
+  if (c.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  if (seq.owner != this) return InvalidArgument("ForwardMtp: the sequence is another model's");
+  const int64_t n = static_cast<int64_t>(next_tokens.size());
+  const int64_t HD = int64_t{c.hc_mult} * c.hidden;
+  if (n == 0 || static_cast<int64_t>(hidden.size()) != n * HD)
+    return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
+  for (int32_t tok : next_tokens)
+    if (tok < 0 || tok >= c.vocab_size)
+      return InvalidArgument("ForwardMtp: token id outside the vocabulary");
+  logits->clear();
+  for (int64_t b = 0; b < n; b += kMaxStepTokens) {
+    const int64_t len = std::min(kMaxStepTokens, n - b);
+    const Segment seg{0, len, seq.mtp_length, &seq};
+    std::vector<float> part;
+    DSINFER_RETURN_IF_ERROR(program_.Mtp(*this, 0, seg, next_tokens.subspan(b, len),
+                                         hidden.subspan(b * HD, len * HD), &part));
+    logits->insert(logits->end(), part.begin(), part.end());
+    seq.mtp_length += len;
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::BeginStep(std::span<const Segment> segments, std::span<const int32_t> tokens) {
+  const model::ModelConfig& c = config();
+  segments_.assign(segments.begin(), segments.end());
+  step_rows_ = static_cast<int64_t>(tokens.size());
+  step_stats_ = {};
+  // Room for the compressed rows this step may add (backbone positions; an MTP step's are
+  // lower, and capacity only grows).
+  for (const Segment& sg : segments)
+    for (const model::LayerPlan& plan : program_.plans())
+      if (!plan.mtp)
+        DSINFER_RETURN_IF_ERROR(
+            EnsureCapacity(plan.layer, Seq(&sg - segments.data()).layers[plan.layer],
+                           sg.start_pos + sg.n));
+  DSINFER_ASSIGN_OR_RETURN(step_tokens_buf_, dev_.UploadStaged(tokens.data(), tokens.size() * 4));
+  // Positions for RoPE: [T] per row, then per attention head and per indexer head.
+  const int64_t T = step_rows_;
+  std::vector<int64_t> pos;  // [T * (1 + n_heads + index_n_heads)]
+  pos.reserve(static_cast<size_t>(T * (1 + c.n_heads + c.index_n_heads)));
+  for (int per : {1, c.n_heads, c.index_n_heads})
+    for (const Segment& sg : segments)
+      for (int64_t t = 0; t < sg.n; ++t) pos.insert(pos.end(), static_cast<size_t>(per), sg.start_pos + t);
+  DSINFER_ASSIGN_OR_RETURN(step_pos_buf_, dev_.UploadStaged(pos.data(), pos.size() * 8));
+  step_.tokens = step_tokens_buf_.as<const int32_t>();
+  step_.pos = step_pos_buf_.as<const int64_t>();
+  step_.pos_heads = step_.pos + T;
+  step_.pos_index_heads = step_.pos_heads + T * c.n_heads;
+  return Status::Ok();
+}
+
+Result<float*> CudaModel::Get(Buf buf, int64_t n_floats) {
+  return ws_->Get(dev_, static_cast<int>(buf), n_floats);
+}
+
+Status CudaModel::Mark(Phase phase) {
+  if (!time_phases_) return Status::Ok();
+  DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
+  const auto now = std::chrono::steady_clock::now();
+  double* bucket = phase == Phase::kAttentionDense         ? &phase_times_.attention_dense
+                   : phase == Phase::kAttentionPerSequence ? &phase_times_.attention_per_sequence
+                   : phase == Phase::kMoe                  ? &phase_times_.moe
+                   : phase == Phase::kHead                 ? &phase_times_.head
+                                                           : nullptr;
+  if (bucket != nullptr) *bucket += std::chrono::duration<double>(now - phase_mark_).count();
+  phase_mark_ = now;
+  return Status::Ok();
+}
+
+// ---- dense ops -------------------------------------------------------------------------------
 
 bool CudaModel::UseTensorCores(const DeviceWeight& w, int64_t m) const {
   return tc_mma_.has_value() && numerics_.quantize_activations && m >= kTcMinTokens &&
@@ -374,165 +554,215 @@ Status CudaModel::QuantLinear(const DeviceWeight& w, const float* x, int64_t m, 
   return Status::Ok();
 }
 
-Status CudaModel::Forward(CudaSequence& seq, std::span<const int32_t> tokens,
-                          const cpu::ForwardOptions& options, cpu::ForwardOutput* out) {
-  CudaChunk chunk{&seq, tokens, options, out};
-  return ForwardBatch(std::span<CudaChunk>(&chunk, 1));
+Status CudaModel::Embed(int copies, float* out) {
+  const model::ModelConfig& c = config();
+  return CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), step_.tokens, step_rows_, copies,
+                                c.hidden, out, dev_.stream()),
+                    "Embed");
 }
 
-Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
-  const model::ModelConfig& c = config();
-  // Validate everything before touching any state: a bad chunk fails the step and loses nothing.
-  int64_t longest = 0;
-  for (const CudaChunk& ch : chunks) {
-    if (ch.seq == nullptr || ch.out == nullptr)
-      return InvalidArgument("ForwardBatch: chunk without sequence/output");
-    if (ch.seq->owner != this)
-      return InvalidArgument("Forward: the sequence belongs to another model");
-    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
-    if (ch.options.want_hidden)
-      return Unimplemented("Forward: the GPU forward does not return hidden states (no MTP yet)");
-    for (int32_t tok : ch.tokens)
-      if (tok < 0 || tok >= c.vocab_size)
-        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
-                               std::to_string(c.vocab_size) + ")");
-    for (const CudaChunk& other : chunks)
-      if (&other != &ch && other.seq == ch.seq)
-        return InvalidArgument("ForwardBatch: a sequence appears twice");
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(ch.tokens.size()));
-  }
-  for (CudaChunk& ch : chunks) {
-    ch.out->logits.clear();
-    ch.out->hidden.clear();
-  }
-  // Rounds of at most kMaxStepTokens tokens per sequence (the pool's window region holds that).
-  for (int64_t b = 0; b < longest; b += kMaxStepTokens) {
-    std::vector<Segment> segments;
-    int64_t row = 0;
-    for (CudaChunk& ch : chunks) {
-      const int64_t n = static_cast<int64_t>(ch.tokens.size());
-      if (b >= n) continue;
-      const int64_t len = std::min(kMaxStepTokens, n - b);
-      const bool last = b + len == n;
-      segments.push_back({ch.seq, ch.tokens.subspan(b, len), row, ch.options.all_logits,
-                          ch.options.want_logits && (last || ch.options.all_logits),
-                          &ch.out->logits});
-      row += len;
+Status CudaModel::HcPre(int layer, HcSite site, const float* H, float* x, float* mix) {
+  const DeviceLayer& d = *layers_[layer];
+  const DeviceHc& p = site == HcSite::kAttn ? d.hc_attn : d.hc_ffn;
+  DSINFER_ASSIGN_OR_RETURN(float* dots,
+                           ws_->Get(dev_, Workspace::kDots, step_rows_ * (config().HcRows() + 1)));
+  return cuda::HcPre(dev_, hc_shape_, p.fn.as<float>(), p.base.as<float>(), p.scale.as<float>(),
+                     H, step_rows_, dots, x, mix, numerics_.round_bf16);
+}
+
+Status CudaModel::HcPost(const float* mix, const float* y, float* H) {
+  return cuda::HcPost(dev_, hc_shape_, mix, y, H, step_rows_, numerics_.round_bf16);
+}
+
+Status CudaModel::HcHead(int layer, const float* H, int64_t rows, float* y) {
+  const float* fn = layer < 0 ? hc_head_fn_.as<float>() : layers_[layer]->hc_head.fn.as<float>();
+  const float* base =
+      layer < 0 ? hc_head_base_.as<float>() : layers_[layer]->hc_head.base.as<float>();
+  const float* scale =
+      layer < 0 ? hc_head_scale_.as<float>() : layers_[layer]->hc_head.scale.as<float>();
+  DSINFER_ASSIGN_OR_RETURN(float* dots,
+                           ws_->Get(dev_, Workspace::kDots, rows * (config().hc_mult + 1)));
+  return CudaStatus(LaunchHcHead(hc_shape_, fn, base, scale, H, rows, dots, y,
+                                 numerics_.round_bf16, dev_.stream()),
+                    "HcHead");
+}
+
+Status CudaModel::RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) {
+  const float* w = nullptr;
+  if (layer < 0) {
+    w = norm_.as<float>();
+  } else {
+    const DeviceLayer& d = *layers_[layer];
+    switch (norm) {
+      case Norm::kAttn:
+        w = d.attn_norm.as<float>();
+        break;
+      case Norm::kFfn:
+        w = d.ffn_norm.as<float>();
+        break;
+      case Norm::kQ:
+        w = d.q_norm.as<float>();
+        break;
+      case Norm::kKv:
+        w = d.kv_norm.as<float>();
+        break;
+      case Norm::kCompressor:
+        w = d.compressor.norm.as<float>();
+        break;
+      case Norm::kIndexCompressor:
+        w = d.index_compressor.norm.as<float>();
+        break;
+      case Norm::kE:
+        w = d.enorm.as<float>();
+        break;
+      case Norm::kH:
+        w = d.hnorm.as<float>();
+        break;
+      case Norm::kFinal:
+        w = d.norm.as<float>();
+        break;
     }
-    DSINFER_RETURN_IF_ERROR(Step(segments));
   }
-  return Status::Ok();
+  if (w == nullptr) return Internal("RmsNorm: layer " + std::to_string(layer) + " has no such norm");
+  return RmsNormRows(dev_, x, rows, dim, w, config().norm_eps, numerics_.round_bf16);
 }
 
-Status CudaModel::MarkPhase(double* bucket) {
-  if (!time_phases_) return Status::Ok();
-  DSINFER_RETURN_IF_ERROR(dev_.Synchronize());
-  const auto now = std::chrono::steady_clock::now();
-  if (bucket != nullptr) *bucket += std::chrono::duration<double>(now - phase_mark_).count();
-  phase_mark_ = now;
-  return Status::Ok();
+Status CudaModel::HeadRmsNorm(float* x, int64_t rows, int64_t dim) {
+  return CudaStatus(LaunchHeadRmsNorm(x, rows, dim, static_cast<float>(config().norm_eps),
+                                      numerics_.round_bf16, dev_.stream()),
+                    "head norm");
 }
 
-Status CudaModel::Step(std::span<Segment> segments) {
+Status CudaModel::Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
+                         float* y) {
+  const DeviceWeight* w = &head_;
+  if (weight != Weight::kHead) {
+    const DeviceLayer& d = *layers_[layer];
+    switch (weight) {
+      case Weight::kWqA:
+        w = &d.wq_a;
+        break;
+      case Weight::kWqB:
+        w = &d.wq_b;
+        break;
+      case Weight::kWkv:
+        w = &d.wkv;
+        break;
+      case Weight::kWoB:
+        w = &d.wo_b;
+        break;
+      case Weight::kCompressorWkv:
+        w = &d.compressor.wkv;
+        break;
+      case Weight::kCompressorWgate:
+        w = &d.compressor.wgate;
+        break;
+      case Weight::kIndexWqB:
+        w = &d.index_wq_b;
+        break;
+      case Weight::kIndexWeightsProj:
+        w = &d.index_weights_proj;
+        break;
+      case Weight::kIndexCompressorWkv:
+        w = &d.index_compressor.wkv;
+        break;
+      case Weight::kIndexCompressorWgate:
+        w = &d.index_compressor.wgate;
+        break;
+      case Weight::kEProj:
+        w = &d.e_proj;
+        break;
+      case Weight::kHProj:
+        w = &d.h_proj;
+        break;
+      case Weight::kHead:
+        break;
+    }
+  }
+  if (w->view.data == nullptr)
+    return Internal("Linear: layer " + std::to_string(layer) + " has no such weight");
+  if (mode == LinearMode::kFp32) return MatMul(dev_, *w, x, rows, y);
+  return QuantLinear(*w, x, rows, y);
+}
+
+Status CudaModel::Rope(int layer, float* x, RopeRows rows, int64_t stride, int64_t offset,
+                       bool inverse) {
   const model::ModelConfig& c = config();
-  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
-  step_stats_ = {};
-  DSINFER_RETURN_IF_ERROR(MarkPhase(nullptr));
-  std::vector<int32_t> tokens;  // [T] the step's tokens, sequence after sequence
-  for (const Segment& sg : segments) {
-    tokens.insert(tokens.end(), sg.tokens.begin(), sg.tokens.end());
-    for (int li = 0; li < c.n_layers; ++li)
-      DSINFER_RETURN_IF_ERROR(EnsureCapacity(
-          li, sg.seq->layers[li], sg.seq->n_tokens + static_cast<int64_t>(sg.tokens.size())));
-  }
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  // H [T, hc, D]: the residual streams.
-  DSINFER_ASSIGN_OR_RETURN(float* H, ws_->Get(dev_, Workspace::kH, T * HD));
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dtok, dev_.UploadStaged(tokens.data(), tokens.size() * 4));
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchEmbed(embed_.as<const uint16_t>(), dtok.as<const int32_t>(), T, c.hc_mult, D,
-                             H, dev_.stream()),
-                 "Embed"));
-  // Positions for RoPE: [T] per row, then per attention head and per indexer head.
-  std::vector<int64_t> pos;  // [T * (1 + n_heads + index_n_heads)]
-  pos.reserve(static_cast<size_t>(T * (1 + c.n_heads + c.index_n_heads)));
-  for (int per : {1, c.n_heads, c.index_n_heads})
-    for (const Segment& sg : segments)
-      for (int64_t t = 0; t < static_cast<int64_t>(sg.tokens.size()); ++t)
-        pos.insert(pos.end(), static_cast<size_t>(per), sg.seq->n_tokens + t);
-  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos, dev_.UploadStaged(pos.data(), pos.size() * 8));
-  step_.tokens = dtok.as<const int32_t>();
-  step_.pos = dpos.as<const int64_t>();
-  step_.pos_heads = step_.pos + T;
-  step_.pos_index_heads = step_.pos_heads + T * c.n_heads;
-  for (int li = 0; li < c.n_layers; ++li) DSINFER_RETURN_IF_ERROR(Block(li, segments, T, H));
-  for (const Segment& sg : segments) sg.seq->n_tokens += static_cast<int64_t>(sg.tokens.size());
-
-  // Head over the rows the sequences asked for, gathered contiguously.
-  int64_t n_out = 0;
-  for (const Segment& sg : segments)
-    if (sg.want_logits) n_out += sg.all_logits ? static_cast<int64_t>(sg.tokens.size()) : 1;
-  if (n_out == 0) return dev_.Synchronize();
-  DSINFER_ASSIGN_OR_RETURN(float* Hsel, ws_->Get(dev_, Workspace::kHsel, n_out * HD));
-  int64_t at = 0;
-  for (const Segment& sg : segments) {
-    if (!sg.want_logits) continue;
-    const int64_t n = static_cast<int64_t>(sg.tokens.size());
-    const int64_t first = sg.all_logits ? 0 : n - 1;
-    DSINFER_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(Hsel + at * HD, H + (sg.row + first) * HD,
-                                                       static_cast<size_t>((n - first) * HD) * 4,
-                                                       cudaMemcpyDeviceToDevice, dev_.stream()),
-                                       "head rows"));
-    at += n - first;
-  }
-  DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kHead, n_out * D));
-  DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, n_out * (c.hc_mult + 1)));
-  const bool rb = numerics_.round_bf16;
-  DSINFER_RETURN_IF_ERROR(
-      CudaStatus(LaunchHcHead(hc_shape_, hc_head_fn_.as<float>(), hc_head_base_.as<float>(),
-                              hc_head_scale_.as<float>(), Hsel, n_out, dots, y, rb, dev_.stream()),
-                 "HcHead"));
-  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, y, n_out, D, norm_.as<float>(), c.norm_eps, rb));
-  DSINFER_ASSIGN_OR_RETURN(float* dl, ws_->Get(dev_, Workspace::kLogits, n_out * c.vocab_size));
-  DSINFER_RETURN_IF_ERROR(MatMul(dev_, head_, y, n_out, dl));
-  std::vector<float> logits(static_cast<size_t>(n_out * c.vocab_size));  // [n_out, vocab]
-  DSINFER_RETURN_IF_ERROR(dev_.CopyToHost(logits.data(), dl, logits.size() * 4));
-  DSINFER_RETURN_IF_ERROR(MarkPhase(&phase_times_.head));
-  at = 0;
-  for (const Segment& sg : segments) {
-    if (!sg.want_logits) continue;
-    const int64_t k = sg.all_logits ? static_cast<int64_t>(sg.tokens.size()) : 1;
-    sg.logits->insert(sg.logits->end(), logits.begin() + at * c.vocab_size,
-                      logits.begin() + (at + k) * c.vocab_size);
-    at += k;
-  }
-  return Status::Ok();
+  const int64_t T = step_rows_;
+  const int64_t n = rows == RopeRows::kTokens  ? T
+                    : rows == RopeRows::kHeads ? T * c.n_heads
+                                               : T * c.index_n_heads;
+  const int64_t* pos = rows == RopeRows::kTokens  ? step_.pos
+                       : rows == RopeRows::kHeads ? step_.pos_heads
+                                                  : step_.pos_index_heads;
+  return ApplyRope(dev_, x, n, stride, offset, pos, layers_[layer]->inv_freq.as<float>(),
+                   c.rope_dim / 2, inverse, numerics_.round_bf16);
 }
 
-Status CudaModel::Block(int li, std::span<Segment> segments, int64_t T, float* H) {
+Status CudaModel::RopeAt(int layer, float* x, std::span<const int64_t> positions, int64_t stride,
+                         int64_t offset) {
+  if (positions.empty()) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(DeviceBuffer dpos,
+                           dev_.UploadStaged(positions.data(), positions.size() * 8));
+  return ApplyRope(dev_, x, static_cast<int64_t>(positions.size()), stride, offset,
+                   dpos.as<const int64_t>(), layers_[layer]->inv_freq.as<float>(),
+                   config().rope_dim / 2, false, numerics_.round_bf16);  // freed in stream order
+}
+
+Status CudaModel::ScaleRound(float* x, int64_t n, float scale) {
+  return CudaStatus(LaunchScaleRound(x, n, scale, numerics_.round_bf16, dev_.stream()),
+                    "scale / round");
+}
+
+Status CudaModel::Fp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) {
+  return CudaStatus(LaunchFp8RoundTrip(x, rows, n, stride, block, dev_.stream()), "FP8 round trip");
+}
+
+Status CudaModel::Fp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) {
+  return CudaStatus(LaunchFp4RoundTrip(x, rows, n, stride, block, dev_.stream()), "FP4 round trip");
+}
+
+Status CudaModel::Hadamard(float* x, int64_t rows, int64_t n) {
+  return CudaStatus(
+      LaunchHadamard(x, rows, static_cast<int>(n), numerics_.round_bf16, dev_.stream()),
+      "Hadamard");
+}
+
+Status CudaModel::AddToStreams(const float* e, float* X) {
+  // One add per token and stream (the MTP block's input; not a hot path), then the rounding.
   const model::ModelConfig& c = config();
-  const DeviceLayer& d = *layers_[li];
   const int64_t D = c.hidden;
-  const bool rb = numerics_.round_bf16;
-  DSINFER_ASSIGN_OR_RETURN(float* x, ws_->Get(dev_, Workspace::kX, T * D));  // [T, D]
-  DSINFER_ASSIGN_OR_RETURN(float* y, ws_->Get(dev_, Workspace::kY, T * D));  // [T, D]
-  const int mix_n = 2 * c.hc_mult + c.hc_mult * c.hc_mult;
-  DSINFER_ASSIGN_OR_RETURN(float* mix, ws_->Get(dev_, Workspace::kMix, T * mix_n));
-  DSINFER_ASSIGN_OR_RETURN(float* dots, ws_->Get(dev_, Workspace::kDots, T * (c.HcRows() + 1)));
-  // Attention sub-layer.
-  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hc_shape_, d.hc_attn.fn.as<float>(),
-                                d.hc_attn.base.as<float>(), d.hc_attn.scale.as<float>(), H, T, dots,
-                                x, mix, rb));
-  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.attn_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_RETURN_IF_ERROR(Attention(li, segments, T, x, y));
-  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hc_shape_, mix, y, H, T, rb));
-  // MoE sub-layer.
-  DSINFER_RETURN_IF_ERROR(HcPre(dev_, hc_shape_, d.hc_ffn.fn.as<float>(), d.hc_ffn.base.as<float>(),
-                                d.hc_ffn.scale.as<float>(), H, T, dots, x, mix, rb));
-  DSINFER_RETURN_IF_ERROR(RmsNormRows(dev_, x, T, D, d.ffn_norm.as<float>(), c.norm_eps, rb));
-  DSINFER_RETURN_IF_ERROR(Moe(li, T, x, y));
-  DSINFER_RETURN_IF_ERROR(HcPost(dev_, hc_shape_, mix, y, H, T, rb));
-  return MarkPhase(&phase_times_.moe);
+  for (int64_t t = 0; t < step_rows_; ++t)
+    for (int k = 0; k < c.hc_mult; ++k) {
+      float* row = X + (t * c.hc_mult + k) * D;
+      DSINFER_RETURN_IF_ERROR(
+          CudaStatus(LaunchAdd(row, e + t * D, D, row, dev_.stream()), "MTP input"));
+    }
+  return ScaleRound(X, step_rows_ * c.hc_mult * D, 1.0f);
+}
+
+Status CudaModel::GatherRows(const float* src, std::span<const int64_t> rows, int64_t width,
+                             float* dst) {
+  // Runs of consecutive rows go in one copy.
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    DSINFER_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(dst + static_cast<int64_t>(i) * width, src + rows[i] * width,
+                        static_cast<size_t>((j - i) * width) * 4, cudaMemcpyDeviceToDevice,
+                        dev_.stream()),
+        "gather rows"));
+    i = j;
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::Download(const float* src, int64_t n, float* host) {
+  return dev_.CopyToHost(host, src, static_cast<size_t>(n) * 4);
+}
+
+Status CudaModel::Upload(const float* host, int64_t n, float* dst) {
+  return dev_.CopyToDevice(dst, host, static_cast<size_t>(n) * 4);
 }
 
 }  // namespace dsinfer::backend::cuda

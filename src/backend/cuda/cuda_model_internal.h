@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/routing.h"
 
 namespace dsinfer::backend::cuda {
 
@@ -36,36 +37,32 @@ struct CudaModel::DeviceLayer {
   DeviceBuffer tid2eid;    // [vocab, K] int32 (hash routing) or empty
   DeviceWeight shared_w1, shared_w3, shared_w2;
   DeviceExpertSet w1, w3, w2;
+  // MTP layers only
+  DeviceWeight e_proj, h_proj;
+  DeviceBuffer enorm, hnorm, norm;  // f32 [hidden]
+  DeviceHc hc_head;                 // f32 [hc, hc*hidden], [hc], [1]
+};
+
+// The last Route's choices and the index lists the expert kernels read, built from them on the
+// host and uploaded once (Experts).
+struct CudaModel::Routing {
+  int layer = -1;
+  std::vector<int32_t> sel;  // [chosen [T, K] | weight bits [T, K]]
+  RoutedGroups groups;
+  DeviceBuffer lists;  // int32 words: token rows, row weights, row tokens, identity, tiles
+  int64_t n_tiles = 0;
 };
 
 // Device scratch reused by every layer and step (all work is ordered on the device's one
-// stream). Each slot grows on demand and never shrinks.
+// stream): one growing buffer per program buffer (v4_ops.h Buf), then the ops' own scratch.
+// Each slot grows on demand and never shrinks.
 struct CudaModel::Workspace {
   enum Slot {
-    kH,
-    kHsel,
-    kX,
-    kY,
-    kMix,
-    kDots,
-    kQr,
-    kQ,
-    kKv,
-    kO,
-    kZ,
-    kOg,
-    kZg,
-    kA,
-    kG,
+    kDots = static_cast<int>(Buf::kCount),
     kAall,
     kGall,
-    kIa,
-    kIg,
-    kQi,
-    kWts,
     kScores,
     kProbs,
-    kLogits,
     kRouterLogits,
     kXq,
     kExpertGate,
@@ -75,12 +72,13 @@ struct CudaModel::Workspace {
     kSharedUp,
     kSharedOut,
     kQuant,
-    kHead,
+    kOg,
+    kZg,
     kNSlots
   };
   std::vector<DeviceBuffer> buffers = std::vector<DeviceBuffer>(kNSlots);
 
-  Result<float*> Get(CudaDevice& dev, Slot s, int64_t n) {
+  Result<float*> Get(CudaDevice& dev, int s, int64_t n) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * 4;
     if (buffers[s].bytes() < bytes) {
       buffers[s] = DeviceBuffer();

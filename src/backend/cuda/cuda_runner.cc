@@ -11,13 +11,7 @@ namespace dsinfer::backend::cuda {
 
 namespace {
 
-struct GpuState final : RunnerState {
-  explicit GpuState(std::unique_ptr<CudaSequence> s) : seq(std::move(s)) {}
-  int64_t n_tokens() const override { return seq->n_tokens; }
-  std::unique_ptr<CudaSequence> seq;
-};
-
-const CudaSequence& Seq(const RunnerState& s) { return *static_cast<const GpuState&>(s).seq; }
+const CudaSequence& Seq(const RunnerState& s) { return static_cast<const CudaSequence&>(s); }
 
 class CudaRunner final : public ModelRunner {
  public:
@@ -33,11 +27,11 @@ class CudaRunner final : public ModelRunner {
   std::string device() const override { return device_; }
   Result<std::unique_ptr<RunnerState>> NewState() override {
     DSINFER_ASSIGN_OR_RETURN(auto seq, model_->NewSequence());
-    return std::unique_ptr<RunnerState>(std::make_unique<GpuState>(std::move(seq)));
+    return std::unique_ptr<RunnerState>(std::move(seq));
   }
   Result<std::unique_ptr<RunnerState>> Copy(const RunnerState& from) override {
     DSINFER_ASSIGN_OR_RETURN(auto seq, model_->CopySequence(Seq(from)));
-    return std::unique_ptr<RunnerState>(std::make_unique<GpuState>(std::move(seq)));
+    return std::unique_ptr<RunnerState>(std::move(seq));
   }
   int64_t StateBytes(const RunnerState& state) const override {
     return CudaModel::SequenceBytes(Seq(state));
@@ -50,7 +44,7 @@ class CudaRunner final : public ModelRunner {
     std::vector<CudaChunk> gpu(chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (chunks[i].state == nullptr) return InvalidArgument("ForwardBatch: a chunk has no state");
-      gpu[i].seq = static_cast<GpuState*>(chunks[i].state)->seq.get();
+      gpu[i].seq = static_cast<CudaSequence*>(chunks[i].state);
       gpu[i].tokens = chunks[i].tokens;
       gpu[i].options = chunks[i].options;
       gpu[i].out = chunks[i].out;

@@ -91,20 +91,6 @@ std::vector<int32_t> ExpertTileWords(const RoutedGroups& g, int max_rows) {
   return words;
 }
 
-std::vector<int32_t> TopKAscending(std::span<const float> scores, int k) {
-  std::vector<int32_t> idx(scores.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  if (k < static_cast<int>(idx.size())) {
-    std::partial_sort(idx.begin(), idx.begin() + std::max(k, 0), idx.end(),
-                      [&](int32_t a, int32_t b) {
-                        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-                      });
-    idx.resize(static_cast<size_t>(std::max(k, 0)));
-  }
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
 Result<SparseRowLists> BuildSparseRowLists(const SparseRowSpec& s, std::span<const int64_t> pos,
                                            const std::vector<std::vector<int32_t>>* selected) {
   if (s.window < 1) return InvalidArgument("BuildSparseRowLists: window must be >= 1");

@@ -59,9 +59,6 @@ std::vector<ExpertTile> BuildExpertTiles(const RoutedGroups& g, int max_rows);
 // count).
 std::vector<int32_t> ExpertTileWords(const RoutedGroups& g, int max_rows);
 
-// The k largest of scores (ties -> lower index), returned ascending; all indices if k >= n.
-std::vector<int32_t> TopKAscending(std::span<const float> scores, int k);
-
 // KV row lists for sparse attention over a pool laid out as [window rows of the step's
 // positions; compressed rows]: for query position pos the window rows are the positions
 // max(0, pos - window + 1) .. pos, found at pool row (p - window_first_pos); then the

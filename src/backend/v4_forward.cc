@@ -1,0 +1,205 @@
+#include "backend/v4_forward.h"
+
+#include <cmath>
+
+namespace dsinfer::backend {
+
+using model::LayerPlan;
+
+V4Forward::V4Forward(const model::ModelConfig& config, const Numerics& numerics)
+    : config_(config), numerics_(numerics), plans_(model::PlanLayers(config)) {}
+
+Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) const {
+  const model::ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(req.tokens.size());
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
+  const int n_segments = static_cast<int>(req.segments.size());
+  DSINFER_RETURN_IF_ERROR(ops.BeginStep(req.segments, req.tokens));
+  DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kStart));
+  // Embedding, copied into every stream (spec §3).
+  DSINFER_ASSIGN_OR_RETURN(float* H, ops.Get(Buf::kH, T * HD));  // [T, hc, D]
+  DSINFER_RETURN_IF_ERROR(ops.Embed(c.hc_mult, H));
+  for (int li = 0; li < c.n_layers; ++li)
+    DSINFER_RETURN_IF_ERROR(Block(ops, plans_[li], T, n_segments, H));
+
+  result->logits.clear();
+  result->hidden.clear();
+  const auto n_logits = static_cast<int64_t>(req.logit_rows.size());
+  if (n_logits > 0) {
+    DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_logits * HD));  // [n, hc, D]
+    DSINFER_RETURN_IF_ERROR(ops.GatherRows(H, req.logit_rows, HD, rows));
+    DSINFER_RETURN_IF_ERROR(Head(ops, -1, rows, n_logits, &result->logits));
+  }
+  const auto n_hidden = static_cast<int64_t>(req.hidden_rows.size());
+  if (n_hidden > 0) {
+    DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_hidden * HD));  // [n, hc, D]
+    DSINFER_RETURN_IF_ERROR(ops.GatherRows(H, req.hidden_rows, HD, rows));
+    result->hidden.resize(static_cast<size_t>(n_hidden * HD));
+    DSINFER_RETURN_IF_ERROR(ops.Download(rows, n_hidden * HD, result->hidden.data()));
+  }
+  return ops.Mark(Phase::kHead);
+}
+
+Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
+                      std::span<const int32_t> next, std::span<const float> hidden,
+                      std::vector<float>* logits) const {
+  const model::ModelConfig& c = config_;
+  const LayerPlan& plan = plans_[c.n_layers + mtp_index];
+  const int L = plan.layer;
+  const int64_t n = static_cast<int64_t>(next.size());
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
+  DSINFER_RETURN_IF_ERROR(ops.BeginStep(std::span<const Segment>(&segment, 1), next));
+  // X = e_proj(enorm(embed(next))) + h_proj(hnorm(H)), broadcast over the streams (spec §8).
+  DSINFER_ASSIGN_OR_RETURN(float* e, ops.Get(Buf::kMtpE, n * D));  // [n, D]
+  DSINFER_RETURN_IF_ERROR(ops.Embed(1, e));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kE, e, n, D));
+  DSINFER_ASSIGN_OR_RETURN(float* hn, ops.Get(Buf::kMtpHidden, n * HD));  // [n, hc, D]
+  DSINFER_RETURN_IF_ERROR(ops.Upload(hidden.data(), n * HD, hn));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kH, hn, n * c.hc_mult, D));
+  DSINFER_ASSIGN_OR_RETURN(float* ep, ops.Get(Buf::kY, n * D));  // [n, D]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kEProj, LinearMode::kQuantized, e, n, ep));
+  DSINFER_ASSIGN_OR_RETURN(float* X, ops.Get(Buf::kH, n * HD));  // [n, hc, D]
+  DSINFER_RETURN_IF_ERROR(
+      ops.Linear(L, Weight::kHProj, LinearMode::kQuantized, hn, n * c.hc_mult, X));
+  DSINFER_RETURN_IF_ERROR(ops.AddToStreams(ep, X));
+  DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, 1, X));
+  return Head(ops, L, X, n, logits);
+}
+
+Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows,
+                       std::vector<float>* logits) const {
+  const model::ModelConfig& c = config_;
+  DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kHeadY, rows * c.hidden));  // [rows, D]
+  DSINFER_RETURN_IF_ERROR(ops.HcHead(layer, H, rows, y));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(layer, Norm::kFinal, y, rows, c.hidden));
+  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, rows * c.vocab_size));  // [rows, V]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(layer, Weight::kHead, LinearMode::kFp32, y, rows, dl));
+  logits->resize(static_cast<size_t>(rows * c.vocab_size));
+  return ops.Download(dl, rows * c.vocab_size, logits->data());
+}
+
+Status V4Forward::Block(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
+                        float* H) const {
+  const int64_t D = config_.hidden;
+  const int L = plan.layer;
+  DSINFER_ASSIGN_OR_RETURN(float* x, ops.Get(Buf::kX, T * D));             // [T, D]
+  DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kY, T * D));             // [T, D]
+  DSINFER_ASSIGN_OR_RETURN(float* mix, ops.Get(Buf::kMix, T * MixFloats()));  // [T, mix]
+  // Attention sub-layer (spec §3).
+  DSINFER_RETURN_IF_ERROR(ops.HcPre(L, HcSite::kAttn, H, x, mix));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kAttn, x, T, D));
+  DSINFER_RETURN_IF_ERROR(Attention(ops, plan, T, n_segments, x, y));
+  DSINFER_RETURN_IF_ERROR(ops.HcPost(mix, y, H));
+  // MoE sub-layer (spec §6).
+  DSINFER_RETURN_IF_ERROR(ops.HcPre(L, HcSite::kFfn, H, x, mix));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kFfn, x, T, D));
+  DSINFER_RETURN_IF_ERROR(ops.Route(L, plan.hash_routed, x));
+  DSINFER_RETURN_IF_ERROR(ops.Experts(L, x, y));
+  DSINFER_RETURN_IF_ERROR(ops.HcPost(mix, y, H));
+  return ops.Mark(Phase::kMoe);
+}
+
+Status V4Forward::Compress(V4Ops& ops, const LayerPlan& plan, Compressor which, int64_t T,
+                           int n_segments, const float* x) const {
+  const model::ModelConfig& c = config_;
+  const Numerics& nm = numerics_;
+  const int L = plan.layer;
+  const bool index = which == Compressor::kIndex;
+  const int ratio = index ? plan.index_ratio : plan.compress_ratio;
+  const int64_t width = index ? plan.index_compressor_width : plan.compressor_width;
+  const int64_t d = index ? c.index_head_dim : c.head_dim;
+  // a = wkv x, g = wgate x, in fp32 (spec §5.3).
+  DSINFER_ASSIGN_OR_RETURN(float* a, ops.Get(Buf::kA, T * width));  // [T, width]
+  DSINFER_ASSIGN_OR_RETURN(float* g, ops.Get(Buf::kG, T * width));  // [T, width]
+  const Weight wkv = index ? Weight::kIndexCompressorWkv : Weight::kCompressorWkv;
+  const Weight wgate = index ? Weight::kIndexCompressorWgate : Weight::kCompressorWgate;
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, wkv, LinearMode::kFp32, x, T, a));
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, wgate, LinearMode::kFp32, x, T, g));
+  // At most T / ratio rows complete, plus one per sequence whose open group the step finishes.
+  DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kRows, (T / ratio + n_segments) * d));
+  DSINFER_ASSIGN_OR_RETURN(CompressedRows done, ops.CompressorPool(L, which, a, g, rows));
+  if (done.n > 0) {
+    // row = norm(bf16(row)); RoPE at the group's first position; then the stored format's
+    // round trip: FP8 on the nope dims (KV rows), Hadamard + FP4 (indexer keys).
+    if (nm.round_bf16) DSINFER_RETURN_IF_ERROR(ops.ScaleRound(rows, done.n * d, 1.0f));
+    DSINFER_RETURN_IF_ERROR(
+        ops.RmsNorm(L, index ? Norm::kIndexCompressor : Norm::kCompressor, rows, done.n, d));
+    DSINFER_RETURN_IF_ERROR(ops.RopeAt(L, rows, done.first_pos, d, d - c.rope_dim));
+    if (index && nm.indexer_fp4) {
+      DSINFER_RETURN_IF_ERROR(ops.Hadamard(rows, done.n, d));
+      DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(rows, done.n, d, d, 32));
+    } else if (!index && nm.kv_fp8_round_trip) {
+      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(rows, done.n, c.NopeDim(), d, 64));
+    }
+  }
+  return ops.StoreCompressed(L, which, done, rows);
+}
+
+Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
+                            const float* x, float* out) const {
+  const model::ModelConfig& c = config_;
+  const Numerics& nm = numerics_;
+  const int L = plan.layer;
+  const int64_t H = c.n_heads, hd = c.head_dim, nope = c.NopeDim();
+  const auto Q = LinearMode::kQuantized;
+
+  // Query path (spec §5.1): c_q = q_norm(wq_a x); q = wq_b c_q; per-head RMS; RoPE.
+  DSINFER_ASSIGN_OR_RETURN(float* qr, ops.Get(Buf::kQr, T * c.q_lora_rank));  // [T, q_lora]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWqA, Q, x, T, qr));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kQ, qr, T, c.q_lora_rank));
+  DSINFER_ASSIGN_OR_RETURN(float* q, ops.Get(Buf::kQ, T * H * hd));  // [T, H, hd]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWqB, Q, qr, T, q));
+  if (plan.q_head_rms_norm) DSINFER_RETURN_IF_ERROR(ops.HeadRmsNorm(q, T * H, hd));
+  DSINFER_RETURN_IF_ERROR(ops.Rope(L, q, RopeRows::kHeads, hd, nope, false));
+
+  // Window KV (spec §5.2): kv_norm(wkv x), RoPE on the tail, FP8 round trip of the nope dims.
+  DSINFER_ASSIGN_OR_RETURN(float* kv, ops.Get(Buf::kKv, T * hd));  // [T, hd]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWkv, Q, x, T, kv));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kKv, kv, T, hd));
+  DSINFER_RETURN_IF_ERROR(ops.Rope(L, kv, RopeRows::kTokens, hd, nope, false));
+  if (nm.kv_fp8_round_trip) DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, nope, hd, 64));
+
+  // Compressed rows completed by this step become visible to its later queries.
+  if (plan.owns_compressor)
+    DSINFER_RETURN_IF_ERROR(Compress(ops, plan, Compressor::kKv, T, n_segments, x));
+
+  // Lightning indexer (spec §5.4): queries, head weights, keys, the per-query selection.
+  Selection selected;
+  if (plan.runs_indexer) {
+    const int64_t ih = c.index_n_heads, ihd = c.index_head_dim;
+    DSINFER_ASSIGN_OR_RETURN(float* qi, ops.Get(Buf::kQi, T * ih * ihd));  // [T, ih, ihd]
+    DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWqB, Q, qr, T, qi));
+    DSINFER_RETURN_IF_ERROR(ops.Rope(L, qi, RopeRows::kIndexHeads, ihd, ihd - c.rope_dim, false));
+    if (nm.indexer_fp4) {
+      DSINFER_RETURN_IF_ERROR(ops.Hadamard(qi, T * ih, ihd));
+      DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(qi, T * ih, ihd, ihd, 32));
+    }
+    DSINFER_ASSIGN_OR_RETURN(float* wts, ops.Get(Buf::kWts, T * ih));  // [T, ih]
+    DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWeightsProj, Q, x, T, wts));
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * static_cast<float>(ih));
+    DSINFER_RETURN_IF_ERROR(ops.ScaleRound(wts, T * ih, wscale));
+    DSINFER_RETURN_IF_ERROR(Compress(ops, plan, Compressor::kIndex, T, n_segments, x));
+    DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionDense));
+    DSINFER_ASSIGN_OR_RETURN(selected, ops.IndexerSelect(L, qi, wts));
+  } else {
+    DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionDense));
+  }
+
+  // Sparse attention with sink over window + compressed rows, de-rotated at the query position.
+  DSINFER_ASSIGN_OR_RETURN(float* o, ops.Get(Buf::kO, T * H * hd));  // [T, H, hd]
+  DSINFER_RETURN_IF_ERROR(ops.SparseAttention(L, plan.kv_source, plan.compress_ratio, q, kv,
+                                              plan.runs_indexer ? &selected : nullptr, o));
+  DSINFER_RETURN_IF_ERROR(ops.Rope(L, o, RopeRows::kHeads, hd, nope, true));
+  DSINFER_RETURN_IF_ERROR(ops.StoreWindow(L, kv));
+  DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionPerSequence));
+
+  // Output (spec §5.7): wo_a per group (bf16, no activation quantization), then wo_b.
+  DSINFER_ASSIGN_OR_RETURN(float* z, ops.Get(Buf::kZ, T * c.o_groups * c.o_lora_rank));
+  DSINFER_RETURN_IF_ERROR(ops.OutputProjectionA(L, o, z));
+  if (nm.round_bf16)
+    DSINFER_RETURN_IF_ERROR(ops.ScaleRound(z, T * c.o_groups * c.o_lora_rank, 1.0f));
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWoB, Q, z, T, out));
+  return ops.Mark(Phase::kAttentionDense);
+}
+
+}  // namespace dsinfer::backend

@@ -1,0 +1,67 @@
+// The DeepSeek-V4-family forward pass, written once: embedding, the block loop (mHC around
+// attention by role and MoE), the head, and the MTP block, as a sequence of V4Ops calls. Layer
+// behaviour comes from model::LayerPlan; rounding and quantization points from Numerics. Each
+// backend supplies the ops (v4_ops.h) and runs this program, so the CPU and the GPU cannot drift
+// apart step by step, and a model variant changes this file and the plans, not every backend.
+// Stateless apart from its configuration: thread-safe to share, each call on its own V4Ops.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "backend/numerics.h"
+#include "backend/v4_ops.h"
+#include "model/config.h"
+#include "model/layer_plan.h"
+
+namespace dsinfer::backend {
+
+class V4Forward {
+ public:
+  V4Forward(const model::ModelConfig& config, const Numerics& numerics);
+
+  const model::ModelConfig& config() const { return config_; }
+  const Numerics& numerics() const { return numerics_; }
+  const std::vector<model::LayerPlan>& plans() const { return plans_; }
+
+  struct StepRequest {
+    std::span<const Segment> segments;    // backbone positions; validated by the caller
+    std::span<const int32_t> tokens;      // [T] the segments' tokens, in segment order
+    std::span<const int64_t> logit_rows;  // rows of the step whose logits come back
+    std::span<const int64_t> hidden_rows;  // rows whose final streams come back (MTP input)
+  };
+  struct StepResult {
+    std::vector<float> logits;  // [logit_rows, vocab] f32
+    std::vector<float> hidden;  // [hidden_rows, hc, hidden] f32
+  };
+  // One batched step of the backbone over every segment.
+  Status Step(V4Ops& ops, const StepRequest& request, StepResult* result) const;
+
+  // MTP block `mtp_index` (spec §8) for one sequence: segment.start_pos is the MTP stream's
+  // position, hidden [n, hc, hidden] the main model's final streams at those positions, next [n]
+  // the tokens one position later. logits [n, vocab] predict the tokens two positions later.
+  Status Mtp(V4Ops& ops, int mtp_index, const Segment& segment, std::span<const int32_t> next,
+             std::span<const float> hidden, std::vector<float>* logits) const;
+
+  // Floats per token of the mHC mix buffer: pre [hc], post [hc], comb [hc, hc].
+  int MixFloats() const { return 2 * config_.hc_mult + config_.hc_mult * config_.hc_mult; }
+
+ private:
+  Status Block(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
+               float* H) const;
+  Status Attention(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
+                   const float* x, float* out) const;
+  // Projects x into `which` compressor of the layer, pools completed groups, finishes them
+  // (bf16, norm, RoPE at each group's first position, the numerics' round trip) and stores them.
+  Status Compress(V4Ops& ops, const model::LayerPlan& plan, Compressor which, int64_t T,
+                  int n_segments, const float* x) const;
+  // logits [rows, vocab] (host) of the streams H [rows, hc, hidden]: hc_head of `layer` (-1:
+  // the main head), its norm, the vocabulary projection.
+  Status Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits) const;
+
+  model::ModelConfig config_;
+  Numerics numerics_;
+  std::vector<model::LayerPlan> plans_;
+};
+
+}  // namespace dsinfer::backend
