@@ -413,7 +413,7 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   for (const auto& s : *stops)
     if (s.empty())
       return SendError(sink, BadRequest("stop_sequences: must not contain empty strings"), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);

@@ -197,7 +197,7 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
   auto stops = StopSequences(*body, "stop");
   if (!stops.ok()) return SendError(sink, BadRequest(stops.status().message(), "stop"), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
 
   auto chat =
@@ -227,9 +227,6 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   spec.forced_tool_call = encoded->forced_tool_call;
   spec.json_output = encoded->json_output;
   spec.stop = std::move(*stops);
-  auto skip_special = OptBool(*body, "skip_special_tokens");
-  if (!skip_special.ok()) return SendError(sink, FromStatus(skip_special.status()), flavor);
-  spec.skip_special_tokens = skip_special->value_or(true);
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);

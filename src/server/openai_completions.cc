@@ -269,7 +269,7 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
                      flavor);
   auto stops = StopSequences(*body, "stop");
   if (!stops.ok()) return SendError(sink, BadRequest(stops.status().message(), "stop"), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   std::string prompt_text;
   bool bos_inserted = false;
@@ -305,9 +305,6 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
   spec.params.request_id = id;
   spec.raw_text = true;
   spec.stop = std::move(*stops);
-  auto skip_special = OptBool(*body, "skip_special_tokens");
-  if (!skip_special.ok()) return SendError(sink, FromStatus(skip_special.status()), flavor);
-  spec.skip_special_tokens = skip_special->value_or(true);
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);

@@ -435,7 +435,7 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   }
   auto max_tokens = OptInt(*body, "max_output_tokens");
   if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   auto chat_json = ResponsesToChatJson(*body, core.model.version);
   if (!chat_json.ok()) return SendError(sink, FromStatus(chat_json.status()), flavor);

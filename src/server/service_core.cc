@@ -321,6 +321,13 @@ Status ParseSampling(const Json& body, runtime::RequestParams* params) {
   return Status::Ok();
 }
 
+Status ParseGenerationFields(const Json& body, GenerationSpec* spec) {
+  DSINFER_RETURN_IF_ERROR(ParseSampling(body, &spec->params));
+  DSINFER_ASSIGN_OR_RETURN(auto skip_special, OptBool(body, "skip_special_tokens"));
+  spec->skip_special_tokens = skip_special.value_or(true);
+  return Status::Ok();
+}
+
 std::string TokenText(const text::Tokenizer& tokenizer, int32_t id) {
   const std::string* bytes = tokenizer.TokenBytes(id);
   return bytes ? text::Utf8Lossy(*bytes) : std::string();

@@ -72,6 +72,8 @@ Result<std::vector<std::string>> StopSequences(const Json& body, const char* key
 // Common sampling fields shared by the OpenAI and Anthropic requests (temperature, top_p,
 // top_k, min_p, seed, penalties, logit_bias, ...) into engine parameters.
 Status ParseSampling(const Json& body, runtime::RequestParams* params);
+// ParseSampling, plus vLLM's skip_special_tokens (default true) for the output text.
+Status ParseGenerationFields(const Json& body, GenerationSpec* spec);
 
 // Token-level string for logprobs: lossy UTF-8 of the token's bytes, plus the raw bytes.
 std::string TokenText(const text::Tokenizer& tokenizer, int32_t id);

@@ -12,15 +12,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-InProcessService& Service() {
-  static InProcessService* service = [] {
-    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
-    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
-    return new InProcessService(std::move(tokenizer).value());
-  }();
-  return *service;
-}
-
 struct Row {
   const char* what;  // the docs table's class
   const char* path;

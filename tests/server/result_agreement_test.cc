@@ -15,15 +15,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-InProcessService& Service() {
-  static InProcessService* service = [] {
-    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
-    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
-    return new InProcessService(std::move(tokenizer).value());
-  }();
-  return *service;
-}
-
 int TokenCount(const std::string& text) {
   static const text::Tokenizer* tok = [] {
     auto t = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
@@ -65,6 +56,12 @@ std::string WithMaxTokens(std::string body, int max_tokens, const char* key = "m
 std::string Streamed(std::string body) {
   body.pop_back();
   return body + ",\"stream\":true}";
+}
+
+// Streamed, with the usage chunk at the end.
+std::string StreamedWithUsage(std::string body) {
+  body.pop_back();
+  return body + R"(,"stream":true,"stream_options":{"include_usage":true}})";
 }
 
 // A tool call id names its response; two requests have different ids, so compare the index only.
@@ -143,10 +140,7 @@ Json NormalizeChat(const Json& reply) {
 void ExpectChatAgrees(const std::string& body, const std::string& output, int max_tokens) {
   const std::string request = WithMaxTokens(body, max_tokens);
   const Reply whole = Service().Post("/v1/chat/completions", request, output);
-  std::string stream_request = Streamed(request);
-  stream_request.pop_back();
-  stream_request += R"(,"stream_options":{"include_usage":true}})";
-  const Reply stream = Service().Post("/v1/chat/completions", stream_request, output);
+  const Reply stream = Service().Post("/v1/chat/completions", StreamedWithUsage(request), output);
   ASSERT_EQ(whole.status, 200) << whole.body;
   ASSERT_EQ(stream.status, 200) << stream.body;
   ASSERT_EQ(whole.violation, "");
@@ -231,10 +225,7 @@ TEST(ResultAgreement, CompletionsAtEveryTruncationWithEchoAndLogprobs) {
   for (int max_tokens = 1; max_tokens <= TokenCount(output) + 1; ++max_tokens) {
     const std::string request = WithMaxTokens(body, max_tokens);
     const Reply whole = Service().Post("/v1/completions", request, output);
-    std::string stream_request = Streamed(request);
-    stream_request.pop_back();
-    stream_request += R"(,"stream_options":{"include_usage":true}})";
-    const Reply stream = Service().Post("/v1/completions", stream_request, output);
+    const Reply stream = Service().Post("/v1/completions", StreamedWithUsage(request), output);
     ASSERT_EQ(whole.status, 200) << whole.body;
     ASSERT_EQ(stream.status, 200) << stream.body;
     Json a = Json::parse(whole.body);
@@ -380,12 +371,6 @@ TEST(ResultAgreement, ResponsesAtEveryTruncation) {
   }
 }
 
-}  // namespace
-}  // namespace dsinfer::server::testing
-
-namespace dsinfer::server::testing {
-namespace {
-
 // The text a reply carries (content, reasoning, tool names and arguments), streamed or not, for
 // every API, and the number of tool calls.
 struct Carried {
@@ -526,12 +511,6 @@ TEST(NothingGeneratedIsLost, SpecialTokensFollowSkipSpecialTokens) {
       400);
 }
 
-}  // namespace
-}  // namespace dsinfer::server::testing
-
-namespace dsinfer::server::testing {
-namespace {
-
 // lm-eval's loglikelihood request: prompt token ids, echo, logprobs, max_tokens 0 (score only).
 // The reply carries the prompt's tokens with their logprobs (null for the first) and no output.
 TEST(PromptLogprobs, EchoWithMaxTokensZeroScoresThePromptOnly) {
@@ -596,12 +575,6 @@ TEST(PromptLogprobs, ContinuousUsageStatsInEveryChunk) {
                 .status,
             400);
 }
-
-}  // namespace
-}  // namespace dsinfer::server::testing
-
-namespace dsinfer::server::testing {
-namespace {
 
 // Without max_tokens, a chat request gets deepseek-recipe's defaults (8192 without thinking,
 // 65536 with it, 131072 at max effort), capped by --max-tokens-limit (32768) and the context.

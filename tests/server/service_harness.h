@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -228,5 +229,16 @@ class InProcessService {
   TextEngine engine_;
   Service service_;
 };
+
+// One service for a test binary (loading the tokenizer takes a while): the default options, the
+// V4 test tokenizer, a 4096-token context.
+inline InProcessService& Service() {
+  static InProcessService* service = [] {
+    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
+    if (!tokenizer.ok()) std::abort();  // the fixture is part of the repository
+    return new InProcessService(std::move(tokenizer).value());
+  }();
+  return *service;
+}
 
 }  // namespace dsinfer::server::testing

@@ -319,12 +319,6 @@ TEST(ChatParser, HoldsBackPartialMarkersAndSplitCharacters) {
   EXPECT_EQ(parser.result().content, "ok 日<｜DS");
 }
 
-}  // namespace
-}  // namespace dsinfer::text
-
-namespace dsinfer::text {
-namespace {
-
 // Parses `text` in pieces of `chunk` bytes (0: whole) in serving mode; the concatenated content
 // deltas must equal the result's content.
 ParseResult ParseRecovering(const std::string& text, OutputParserOptions o, BackendFinish finish,
