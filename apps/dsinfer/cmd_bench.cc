@@ -322,8 +322,8 @@ int RunBench(int argc, char** argv) {
   // both the whole state and its marginal cost per token are shown.
   for (int32_t ctx : contexts) {
     int64_t at = (*cpu)->StateBytesAt(ctx), twice = (*cpu)->StateBytesAt(int64_t{2} * ctx);
-    std::printf("sequence state at context %d: %.2f MB (%.1f KB/token; marginal %.1f KB/token)\n",
-                ctx, at / 1e6, at / 1e3 / ctx, (twice - at) / 1e3 / ctx);
+    std::printf("sequence state at context %d: %.2f MB (%.1f KB/token; marginal %.0f B/token)\n",
+                ctx, at / 1e6, at / 1e3 / ctx, static_cast<double>(twice - at) / ctx);
   }
   std::FILE* csv = nullptr;
   if (auto path = args.Get("csv")) {

@@ -1,6 +1,7 @@
 #include "backend/v4_forward.h"
 
 #include <cmath>
+#include <string>
 
 namespace dsinfer::backend {
 
@@ -8,6 +9,24 @@ using model::LayerPlan;
 
 V4Forward::V4Forward(const model::ModelConfig& config, const Numerics& numerics)
     : config_(config), numerics_(numerics), plans_(model::PlanLayers(config)) {}
+
+Status V4Forward::CheckTokens(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+  for (int32_t tok : tokens)
+    if (tok < 0 || tok >= config_.vocab_size)
+      return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
+                             std::to_string(config_.vocab_size) + ")");
+  return Status::Ok();
+}
+
+Status V4Forward::CheckMtpInputs(std::span<const int32_t> next,
+                                 std::span<const float> hidden) const {
+  if (config_.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  const int64_t HD = int64_t{config_.hc_mult} * config_.hidden;
+  if (next.empty() || static_cast<int64_t>(hidden.size()) != static_cast<int64_t>(next.size()) * HD)
+    return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
+  return CheckTokens(next).WithContext("ForwardMtp");
+}
 
 Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) const {
   const model::ModelConfig& c = config_;

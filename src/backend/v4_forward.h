@@ -43,6 +43,11 @@ class V4Forward {
   Status Mtp(V4Ops& ops, int mtp_index, const Segment& segment, std::span<const int32_t> next,
              std::span<const float> hidden, std::vector<float>* logits) const;
 
+  // A step's or an MTP call's token ids are in the vocabulary (the backends check before any
+  // state changes); MTP's hidden streams are [next.size(), hc, hidden].
+  Status CheckTokens(std::span<const int32_t> tokens) const;
+  Status CheckMtpInputs(std::span<const int32_t> next, std::span<const float> hidden) const;
+
   // Floats per token of the mHC mix buffer: pre [hc], post [hc], comb [hc, hc].
   int MixFloats() const { return 2 * config_.hc_mult + config_.hc_mult * config_.hc_mult; }
 

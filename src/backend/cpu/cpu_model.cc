@@ -71,13 +71,9 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   for (const SequenceChunk& ch : chunks) {
     if (ch.state == nullptr || ch.out == nullptr)
       return InvalidArgument("ForwardBatch: chunk without state/output");
-    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
+    DSINFER_RETURN_IF_ERROR(program_.CheckTokens(ch.tokens));
     if (&ch.state->layout() != &layout_)
       return InvalidArgument("Forward: the sequence state belongs to another model");
-    for (int32_t tok : ch.tokens)
-      if (tok < 0 || tok >= c.vocab_size)
-        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
-                               std::to_string(c.vocab_size) + ")");
     for (const SequenceChunk& other : chunks)
       if (&other != &ch && other.state == ch.state)
         return InvalidArgument("ForwardBatch: a sequence appears twice");
@@ -116,15 +112,8 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
 
 Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
                             std::span<const int32_t> next_tokens, std::vector<float>* logits) {
-  const model::ModelConfig& c = config();
-  if (c.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  DSINFER_RETURN_IF_ERROR(program_.CheckMtpInputs(next_tokens, hidden));
   const int64_t n = static_cast<int64_t>(next_tokens.size());
-  const int64_t HD = int64_t{c.hc_mult} * c.hidden;
-  if (n == 0 || static_cast<int64_t>(hidden.size()) != n * HD)
-    return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
-  for (int32_t tok : next_tokens)
-    if (tok < 0 || tok >= c.vocab_size)
-      return InvalidArgument("ForwardMtp: token id outside the vocabulary");
   if (&state.layout() != &layout_)
     return InvalidArgument("ForwardMtp: the sequence state belongs to another model");
   const Segment seg{0, n, state.mtp_n_tokens(), &state};

@@ -373,11 +373,7 @@ Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
       return InvalidArgument("ForwardBatch: chunk without sequence/output");
     if (ch.seq->owner != this)
       return InvalidArgument("Forward: the sequence belongs to another model");
-    if (ch.tokens.empty()) return InvalidArgument("Forward: empty token chunk");
-    for (int32_t tok : ch.tokens)
-      if (tok < 0 || tok >= c.vocab_size)
-        return InvalidArgument("token id " + std::to_string(tok) + " outside the vocabulary [0, " +
-                               std::to_string(c.vocab_size) + ")");
+    DSINFER_RETURN_IF_ERROR(program_.CheckTokens(ch.tokens));
     for (const CudaChunk& other : chunks)
       if (&other != &ch && other.seq == ch.seq)
         return InvalidArgument("ForwardBatch: a sequence appears twice");
@@ -441,15 +437,10 @@ Status CudaModel::ForwardBatch(std::span<CudaChunk> chunks) {
 Status CudaModel::ForwardMtp(CudaSequence& seq, std::span<const float> hidden,
                              std::span<const int32_t> next_tokens, std::vector<float>* logits) {
   const model::ModelConfig& c = config();
-  if (c.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  DSINFER_RETURN_IF_ERROR(program_.CheckMtpInputs(next_tokens, hidden));
   if (seq.owner != this) return InvalidArgument("ForwardMtp: the sequence is another model's");
   const int64_t n = static_cast<int64_t>(next_tokens.size());
   const int64_t HD = int64_t{c.hc_mult} * c.hidden;
-  if (n == 0 || static_cast<int64_t>(hidden.size()) != n * HD)
-    return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
-  for (int32_t tok : next_tokens)
-    if (tok < 0 || tok >= c.vocab_size)
-      return InvalidArgument("ForwardMtp: token id outside the vocabulary");
   logits->clear();
   for (int64_t b = 0; b < n; b += kMaxStepTokens) {
     const int64_t len = std::min(kMaxStepTokens, n - b);
