@@ -551,6 +551,9 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
     return InvalidArgument("min_tokens must be in [0, max_tokens]");
   if (params.n < 1 || params.n > 16) return InvalidArgument("n must be in [1, 16]");
   if (params.top_logprobs > 20) return InvalidArgument("top_logprobs must be <= 20");
+  // Needs logits for every prompt row (the scheduler asks for the last row only so far).
+  if (params.prompt_logprobs >= 0)
+    return Unimplemented("prompt logprobs are not computed by this engine yet");
   const auto& sp = params.sampling;
   if (!(sp.temperature >= 0) || !(sp.top_p > 0 && sp.top_p <= 1) || sp.top_k < 0 ||
       !(sp.min_p >= 0 && sp.min_p <= 1))

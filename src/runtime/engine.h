@@ -45,6 +45,9 @@ struct RequestParams {
   bool ignore_eos = false;
   int n = 1;               // parallel samples sharing the prompt's KV
   int top_logprobs = -1;   // -1: no logprobs; 0..20: logprob of the sampled token + top-k
+  // Log-probability of each prompt token given the tokens before it, with this many top
+  // alternatives (0..20); -1: none. Delivered with the first event (StreamEvent::prompt_logprobs).
+  int prompt_logprobs = -1;
   std::string request_id;  // for logs/metrics; assigned if empty
 };
 
@@ -66,6 +69,9 @@ struct StreamEvent {
   int index = 0;                       // sample index in [0, n)
   std::vector<int32_t> tokens;         // newly generated tokens (usually one)
   std::vector<TokenLogprob> logprobs;  // parallel to tokens when requested
+  // With RequestParams::prompt_logprobs, on the request's first event: one entry per prompt token
+  // after the first (which has nothing before it to be predicted from).
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;
