@@ -70,7 +70,8 @@ struct StreamEvent {
   std::vector<int32_t> tokens;         // newly generated tokens (usually one)
   std::vector<TokenLogprob> logprobs;  // parallel to tokens when requested
   // With RequestParams::prompt_logprobs, on the request's first event: one entry per prompt token
-  // after the first (which has nothing before it to be predicted from).
+  // after the first (which has nothing before it to be predicted from); fewer only when the
+  // request ended (cancelled, failed) before its first token.
   std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;

@@ -105,10 +105,16 @@ def test_completions(oai, model):
     scored = oai.completions.create(model=model, prompt="Hello", max_tokens=1, logprobs=1,
                                     extra_body={"ignore_eos": True})
     assert len(scored.choices[0].logprobs.tokens) == 1 and scored.choices[0].logprobs.text_offset == [0]
-    # Scoring the prompt (echo + logprobs, lm-eval's loglikelihood) needs the engine's prompt
-    # logprobs; until the engine computes them the request is refused, never answered with zeros.
-    with pytest.raises(openai.UnprocessableEntityError, match="prompt logprobs"):
-        oai.completions.create(model=model, prompt="Hello", max_tokens=0, echo=True, logprobs=1)
+    # Scoring the prompt (echo + logprobs, lm-eval's loglikelihood): the prompt's tokens come back
+    # with their logprobs (none for the first, which nothing predicts) and nothing is generated.
+    prompt = oai.completions.create(model=model, prompt="Hello world, hello", max_tokens=0,
+                                    echo=True, logprobs=1)
+    lp = prompt.choices[0].logprobs
+    assert prompt.choices[0].text == "Hello world, hello" and prompt.usage.completion_tokens == 0
+    assert len(lp.tokens) == len(lp.token_logprobs) == prompt.usage.prompt_tokens >= 3
+    assert lp.token_logprobs[0] is None
+    assert all(x is not None and -1e4 < x <= 0 for x in lp.token_logprobs[1:])
+    assert len(set(lp.token_logprobs[1:])) > 1  # scored per token, not a constant
     chunks = list(oai.completions.create(model=model, prompt="Hi", max_tokens=3, stream=True,
                                          extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) is not None

@@ -124,31 +124,73 @@ else
   fail "lm-eval generate_until exited non-zero (log: $work/lm-gen.log)"
 fi
 
-# lm-eval loglikelihood sends echo + logprobs (+ max_tokens 0 or 1): it needs the prompt's
-# logprobs. While the engine does not compute them the server refuses with 422, so lm-eval fails
-# loudly instead of scoring every choice 0 as it once did.
-probe="$(curl -s -o /dev/null -w '%{http_code}' "$url/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"prompt":[1,2,3],"echo":true,"logprobs":1,"max_tokens":0}')"
-if [[ "$probe" == 422 ]]; then
-  if timeout 300 "${offline[@]}" "$venv/bin/lm_eval" run --tasks dsinfer_mc --include_path "$work/tasks" \
-      --model local-completions \
-      --model_args "$lm_args,tokenizer_backend=huggingface,tokenizer=$work/tokenizer" \
-      --output_path "$work/lm-mc" >"$work/lm-mc.log" 2>&1; then
-    fail "lm-eval loglikelihood succeeded although the server refuses prompt logprobs"
-  elif ! grep -q "422" "$work/lm-mc.log"; then
-    fail "lm-eval loglikelihood failed, but not on the server's 422 (log: $work/lm-mc.log)"
-  else
-    echo "loglikelihood: refused with 422 (the engine computes no prompt logprobs yet)"
-  fi
+# lm-eval loglikelihood (multiple choice) sends token ids with echo + logprobs + max_tokens 1 and
+# sums the continuation's prompt logprobs. Each choice's sum must equal the log-softmax of
+# `dsinfer logits` (one forward over the same ids) summed the same way: the engine's prompt rows
+# are bit-identical to that forward, so the sums differ only by the float rounding of each
+# returned logprob (|lp| * 2^-24 per token), far below 1e-4; a wrong row is off by O(1).
+if timeout 300 "${offline[@]}" "$venv/bin/lm_eval" run --tasks dsinfer_mc --include_path "$work/tasks" \
+    --model local-completions \
+    --model_args "$lm_args,tokenizer_backend=huggingface,tokenizer=$work/tokenizer" \
+    --output_path "$work/lm-mc" --log_samples >"$work/lm-mc.log" 2>&1; then
+  "${offline[@]}" "$venv/bin/python" - "$work" "$dsinfer" "$model" <<'PY' || fail "lm-eval loglikelihood: see above"
+import glob, json, math, struct, subprocess, sys
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+work, dsinfer, model = sys.argv[1:4]
+tok = PreTrainedTokenizerFast.from_pretrained(work + "/tokenizer")
+rows = [json.loads(l) for f in glob.glob(work + "/lm-mc/**/samples_dsinfer_mc_*.jsonl", recursive=True)
+        for l in open(f)]
+
+def pairs(row):  # the (context, continuation) of each choice, in lm-eval's logged forms
+    args = row["arguments"]
+    if isinstance(args, dict):
+        return [(a["arg_0"], a["arg_1"]) for a in args.values()]
+    return [tuple(a) for a in args]
+
+def encode(context, continuation):  # lm-eval's causal _encode_pair, without special tokens
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    whole = tok(context + continuation, add_special_tokens=False).input_ids
+    return whole, len(tok(context, add_special_tokens=False).input_ids)
+
+def reference(ids, ctxlen):
+    out = work + "/ref.safetensors"
+    subprocess.run([dsinfer, "logits", "--model", model, "--ids", ",".join(map(str, ids)),
+                    "--out", out], check=True, capture_output=True)
+    blob = open(out, "rb").read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    meta = json.loads(blob[8:8 + n])["logits"]
+    start, end = meta["data_offsets"]
+    logits = np.frombuffer(blob[8 + n + start:8 + n + end], dtype="<f4").reshape(meta["shape"])
+    total = 0.0
+    for i in range(ctxlen, len(ids)):
+        row = logits[i - 1].astype(np.float64)
+        total += row[ids[i]] - (row.max() + math.log(np.exp(row - row.max()).sum()))
+    return total
+
+ok, worst, checked = len(rows) == 3, 0.0, 0
+for row in rows:
+    for (context, continuation), resp in zip(pairs(row), row["resps"]):
+        got = float(resp[0][0])  # logged as text
+        ids, ctxlen = encode(context, continuation)
+        want = reference(ids, ctxlen)
+        worst = max(worst, abs(got - want))
+        checked += 1
+        if not (math.isfinite(got) and abs(got - want) <= 1e-4):
+            print(f"choice {continuation!r} after {context!r}: lm-eval {got}, dsinfer logits {want}")
+            ok = False
+print(f"loglikelihood: {checked} choices of {len(rows)} questions, worst |lm-eval - dsinfer logits| {worst:.2e}")
+sys.exit(0 if ok and checked == 9 else 1)
+PY
 else
-  # The engine computes prompt logprobs now: this run must then compare lm-eval's per-choice
-  # loglikelihoods with `dsinfer logits` (log-softmax summed over each continuation).
-  fail "prompt logprobs answer $probe: add the lm-eval vs dsinfer logits comparison here"
+  fail "lm-eval loglikelihood exited non-zero (log: $work/lm-mc.log)"
 fi
 
 kill "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 trap - EXIT
 grep -q "access POST /v1/completions 200" "$work/serve.log" || fail "no access log lines in serve.log"
-[[ $status -eq 0 ]] && echo "clients acceptance: aiperf chat + completions, lm-eval generate_until: ok"
+[[ $status -eq 0 ]] && echo "clients acceptance: aiperf chat + completions, lm-eval generate_until and loglikelihood: ok"
 exit $status
