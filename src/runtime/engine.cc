@@ -90,6 +90,11 @@ void Engine::Impl::PublishStats() {
   stats.kv_usage = options.kv_cache_bytes > 0
                        ? static_cast<double>(stats.kv_bytes_used) / options.kv_cache_bytes
                        : 0;
+  const KvManager::Stats pages = kv_pages->stats();
+  stats.kv_pages_in_use = pages.pages_in_use;
+  stats.kv_page_bytes = pages.bytes_in_use;
+  stats.kv_page_peak_bytes = pages.peak_bytes;
+  stats.prefix_cache_entries = static_cast<int64_t>(prefix_cache.size());
   stats.prefix_cache_queries = cache_queries;
   stats.prefix_cache_hits = cache_hits;
   stats.prompt_tokens_total = prompt_tokens;
@@ -297,6 +302,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
   impl->prefix_cache.set_observer(impl->options.prefix_cache_observer.get());
+  // Paged runners take their pages from the engine's KV manager, under the same budget.
+  impl->kv_pages = KvManager::Create(options.kv_cache_bytes);
+  DSINFER_RETURN_IF_ERROR(runner->UsePageAllocator(impl->kv_pages));
   impl->model = std::move(runner);
   impl->device = impl->model->device();
   int64_t one = impl->model->StateBytesAt(1);

@@ -129,8 +129,12 @@ struct EngineStats {
   int n_waiting = 0;
   int64_t n_tokens_running = 0;  // context tokens (prompt + generated) of the running sequences
   double kv_usage = 0.0;         // fraction of kv_cache_bytes in use
-  int64_t kv_bytes_used = 0;
+  int64_t kv_bytes_used = 0;  // the states' own bytes + every page once
   int64_t kv_bytes_budget = 0;
+  int64_t kv_pages_in_use = 0;  // pages of sequence state (paged runners; runtime/kv_manager.h)
+  int64_t kv_page_bytes = 0;
+  int64_t kv_page_peak_bytes = 0;
+  int64_t prefix_cache_entries = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found
   int64_t prompt_tokens_total = 0;

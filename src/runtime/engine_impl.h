@@ -19,6 +19,7 @@
 
 #include "backend/model_runner.h"
 #include "runtime/engine.h"
+#include "runtime/kv_manager.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/scheduler.h"
 
@@ -110,6 +111,9 @@ struct Engine::Impl {
 
   const model::ModelWeights& weights;
   EngineOptions options;
+  // The pages of paged runners' states (declared before the model and the cache, so it outlives
+  // every page they hold; each page also keeps it alive).
+  std::shared_ptr<KvManager> kv_pages;
   std::unique_ptr<backend::ModelRunner> model;
   std::string device;
   PrefixCache prefix_cache;
