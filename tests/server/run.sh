@@ -13,14 +13,8 @@ dsinfer="$build/apps/dsinfer"
 [[ -x "$dsinfer" ]] || { echo "run.sh: $dsinfer not built" >&2; exit 1; }
 
 venv="$build/server-venv"
-if [[ ! -x "$venv/bin/pytest" ]] || ! cmp -s "$here/requirements.txt" "$venv/.requirements"; then
-  python3 -m venv "$venv"
-  if ! "$venv/bin/pip" install -q -r "$here/requirements.txt"; then
-    echo "run.sh: cannot install the pinned SDKs (offline?); skipping" >&2
-    exit 77
-  fi
-  cp "$here/requirements.txt" "$venv/.requirements"
-fi
+source "$root/tests/lib/pinned_venv.sh"
+pinned_venv "$venv" "$here/requirements.txt" pytest
 
 model="$build/server-test-model"
 if [[ ! -f "$model/config.json" ]]; then

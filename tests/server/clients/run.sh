@@ -13,14 +13,8 @@ dsinfer="$build/apps/dsinfer"
 [[ -x "$dsinfer" ]] || { echo "clients/run.sh: $dsinfer not built" >&2; exit 1; }
 
 venv="$build/clients-venv"
-if [[ ! -x "$venv/bin/aiperf" ]] || ! cmp -s "$here/requirements.txt" "$venv/.requirements"; then
-  python3 -m venv "$venv"
-  if ! "$venv/bin/pip" install -q -r "$here/requirements.txt"; then
-    echo "clients/run.sh: cannot install the pinned clients (offline?); skipping" >&2
-    exit 77
-  fi
-  cp "$here/requirements.txt" "$venv/.requirements"
-fi
+source "$root/tests/lib/pinned_venv.sh"
+pinned_venv "$venv" "$here/requirements.txt" aiperf
 
 work="$build/clients-run"
 rm -rf "$work" && mkdir -p "$work/tokenizer" "$work/tasks"
