@@ -1,6 +1,7 @@
 #include "server/generation.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dsinfer::server {
 namespace {
@@ -38,7 +39,8 @@ struct Generation::SampleState {
       : detokenizer(tokenizer), parser(ParserOptions(spec)), in_reasoning(spec.thinking) {}
   text::StreamingDetokenizer detokenizer;
   text::OutputParser parser;
-  std::string stop_hold;  // answer text that may be the start of a stop sequence
+  std::string stop_hold;       // answer text that may be the start of a stop sequence
+  std::string reasoning_hold;  // reasoning held back for one delta (stream_reasoning false)
   bool in_reasoning;
   std::vector<runtime::TokenLogprob> unsent_logprobs;  // waiting for the next delta
 };
@@ -87,7 +89,7 @@ bool Generation::Deliver(int index, std::vector<OutputDelta>& deltas,
         if (at < best) best = at, matched = stop;
       }
       if (best != std::string::npos) {
-        deltas[i].text = text.substr(0, best);
+        deltas[i].text = text.substr(0, best + (spec_.include_stop_in_output ? matched.size() : 0));
         deltas.resize(i + 1);
         sample.stopped_by_sequence = true;
         sample.stop_sequence = matched;
@@ -101,14 +103,42 @@ bool Generation::Deliver(int index, std::vector<OutputDelta>& deltas,
     }
   }
   bool ok = true;
-  for (const auto& delta : deltas) {
-    if (delta.kind != OutputDelta::Kind::kReasoning) state.in_reasoning = false;
-    if (delta.kind == OutputDelta::Kind::kToolCallStart) ++sample.tool_calls;
-    if (delta.text.empty() && delta.kind != OutputDelta::Kind::kToolCallStart) continue;
+  auto emit = [&](const OutputDelta& delta) {
+    if (delta.text.empty() && delta.kind != OutputDelta::Kind::kToolCallStart) return;
     // The logprobs of every token consumed so far ride on the first delta that follows them.
     if (ok) ok = observer.OnDelta(index, delta, state.unsent_logprobs);
     state.unsent_logprobs.clear();
+  };
+  // Reasoning as the request asked for it: its own kind or content, streamed or held whole.
+  auto emit_reasoning = [&](std::string text) {
+    if (!spec_.include_reasoning) return;  // its tokens' logprobs ride on the next delta
+    OutputDelta d;
+    d.kind = spec_.separate_reasoning ? OutputDelta::Kind::kReasoning : OutputDelta::Kind::kContent;
+    d.text = std::move(text);
+    emit(d);
+  };
+  auto end_reasoning = [&] {
+    if (!state.reasoning_hold.empty()) emit_reasoning(std::exchange(state.reasoning_hold, {}));
+  };
+  for (const auto& delta : deltas) {
+    if (delta.kind == OutputDelta::Kind::kReasoning) {
+      if (spec_.stream_reasoning) {
+        emit_reasoning(delta.text);
+      } else {
+        state.reasoning_hold += delta.text;
+      }
+      continue;
+    }
+    if (state.in_reasoning) {
+      state.in_reasoning = false;
+      end_reasoning();
+      // Unseparated, the text is what the model wrote: the parser consumed the </think>.
+      if (!spec_.separate_reasoning) emit(OutputDelta{OutputDelta::Kind::kContent, -1, "</think>"});
+    }
+    if (delta.kind == OutputDelta::Kind::kToolCallStart) ++sample.tool_calls;
+    emit(delta);
   }
+  if (sample.done) end_reasoning();  // cut while reasoning (length, stop, cancel)
   return ok;
 }
 
@@ -167,7 +197,9 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver& 
         case text::ParserEvent::Kind::kStopSequence:
           sample.stopped_by_sequence = true;
           sample.stop_sequence = d.text;
-          continue;
+          if (!spec_.include_stop_in_output) continue;
+          d.kind = OutputDelta::Kind::kContent;
+          break;
       }
       deltas.push_back(std::move(d));
     }

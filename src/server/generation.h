@@ -40,6 +40,15 @@ struct GenerationSpec {
   // end-of-message token is never text.
   bool skip_special_tokens = true;
   std::vector<std::string> stop;  // stop sequences, matched in answer text only
+  // vLLM's include_stop_str_in_output / SGLang's no_stop_trim: the matched stop sequence ends the
+  // text instead of being cut.
+  bool include_stop_in_output = false;
+  // SGLang's separate_reasoning (false: the reasoning and its closing </think> are content, as
+  // the model wrote them) and stream_reasoning (false: the reasoning arrives as one delta when
+  // it ends, not token by token).
+  bool separate_reasoning = true;
+  bool stream_reasoning = true;
+  bool include_reasoning = true;  // vLLM's include_reasoning: false leaves the reasoning out
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 

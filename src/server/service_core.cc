@@ -325,6 +325,20 @@ Status ParseGenerationFields(const Json& body, GenerationSpec* spec) {
   DSINFER_RETURN_IF_ERROR(ParseSampling(body, &spec->params));
   DSINFER_ASSIGN_OR_RETURN(auto skip_special, OptBool(body, "skip_special_tokens"));
   spec->skip_special_tokens = skip_special.value_or(true);
+  for (const char* key : {"include_stop_str_in_output", "no_stop_trim"}) {
+    DSINFER_ASSIGN_OR_RETURN(auto include, OptBool(body, key));
+    if (include && *include) spec->include_stop_in_output = true;
+  }
+  DSINFER_ASSIGN_OR_RETURN(auto separate, OptBool(body, "separate_reasoning"));
+  spec->separate_reasoning = separate.value_or(true);
+  DSINFER_ASSIGN_OR_RETURN(auto stream_reasoning, OptBool(body, "stream_reasoning"));
+  spec->stream_reasoning = stream_reasoning.value_or(true);
+  DSINFER_ASSIGN_OR_RETURN(auto include_reasoning, OptBool(body, "include_reasoning"));
+  spec->include_reasoning = include_reasoning.value_or(true);
+  // SGLang's return_hidden_states: refused rather than answered without them.
+  DSINFER_ASSIGN_OR_RETURN(auto hidden, OptBool(body, "return_hidden_states"));
+  if (hidden && *hidden)
+    return InvalidArgument("return_hidden_states: this server does not return hidden states");
   return Status::Ok();
 }
 

@@ -263,6 +263,18 @@ Result<ChatRequest> Convert(const json& body, ModelVersion version, bool default
                              ParseMessage((*messages)[i], "messages[" + std::to_string(i) + "]"));
     req.messages.push_back(std::move(m));
   }
+  // vLLM's continue_final_message: the last message, the assistant's, is continued; the same as
+  // DeepSeek's own `prefix: true` on it, with the same rules and refusals.
+  auto continue_final = body.find("continue_final_message");
+  if (continue_final != body.end() && !continue_final->is_null()) {
+    if (!continue_final->is_boolean())
+      return FieldError("continue_final_message", "must be a boolean");
+    if (continue_final->get<bool>()) {
+      if (req.messages.back().role != Role::kAssistant)
+        return FieldError("continue_final_message", "the last message must be the assistant's");
+      req.messages.back().prefix = true;
+    }
+  }
   auto tools = body.find("tools");
   if (tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) return FieldError("tools", "must be an array");

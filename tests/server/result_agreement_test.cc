@@ -511,6 +511,83 @@ TEST(NothingGeneratedIsLost, SpecialTokensFollowSkipSpecialTokens) {
       400);
 }
 
+// The vLLM / SGLang output fields: include_stop_str_in_output (no_stop_trim) keeps the matched
+// stop sequence; separate_reasoning false leaves the reasoning and its </think> in the content;
+// stream_reasoning false sends the reasoning as one delta; include_reasoning false leaves it out;
+// return_hidden_states is refused.
+TEST(OutputFields, StopInclusionAndReasoningModesAreHonoured) {
+  const std::string output = "Plan it.</think>one two final three";
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],"stop":["final"])";
+  const Json plain = Json::parse(Service().Post("/v1/chat/completions", chat + "}", output).body);
+  EXPECT_EQ(plain["choices"][0]["message"]["reasoning_content"], "Plan it.");
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "one two ");
+  for (const char* field : {"include_stop_str_in_output", "no_stop_trim"}) {
+    const Json kept = Json::parse(
+        Service().Post("/v1/chat/completions", chat + ",\"" + field + "\":true}", output).body);
+    EXPECT_EQ(kept["choices"][0]["message"]["content"], "one two final") << field;
+    EXPECT_EQ(kept["choices"][0]["finish_reason"], "stop") << field;
+    const Json completion = Json::parse(
+        Service()
+            .Post("/v1/completions",
+                  std::string(R"({"prompt":"x","stop":["final"],")") + field + "\":true}",
+                  "one two final three")
+            .body);
+    EXPECT_EQ(completion["choices"][0]["text"], "one two final") << field;
+  }
+  const Json joined = Json::parse(
+      Service()
+          .Post("/v1/chat/completions", chat + R"(,"separate_reasoning":false})", output)
+          .body);
+  EXPECT_EQ(joined["choices"][0]["message"]["content"], "Plan it.</think>one two ");
+  EXPECT_TRUE(!joined["choices"][0]["message"].contains("reasoning_content") ||
+              joined["choices"][0]["message"]["reasoning_content"].is_null() ||
+              joined["choices"][0]["message"]["reasoning_content"] == "")
+      << joined.dump();
+  // Streamed: the reasoning in several deltas by default, in one with stream_reasoning false,
+  // the same text either way.
+  const std::string long_reasoning = "First this, then that, and finally the other.</think>ok";
+  for (bool stream_reasoning : {true, false}) {
+    std::string body = R"({"messages":[{"role":"user","content":"x"}])";
+    if (!stream_reasoning) body += R"(,"stream_reasoning":false)";
+    const Reply r = Service().Post("/v1/chat/completions", Streamed(body + "}"), long_reasoning);
+    ASSERT_EQ(r.status, 200) << r.body;
+    int deltas = 0;
+    std::string reasoning;
+    for (const Json& chunk : SseDataLines(r.body))
+      for (const Json& c : chunk["choices"])
+        if (c["delta"].contains("reasoning_content") &&
+            c["delta"]["reasoning_content"].is_string() && c["delta"]["reasoning_content"] != "") {
+          ++deltas;
+          reasoning += c["delta"]["reasoning_content"].get<std::string>();
+        }
+    EXPECT_EQ(reasoning, "First this, then that, and finally the other.");
+    if (stream_reasoning) {
+      EXPECT_GT(deltas, 1);
+    } else {
+      EXPECT_EQ(deltas, 1);
+    }
+  }
+  const Json hidden = Json::parse(
+      Service().Post("/v1/chat/completions", chat + R"(,"include_reasoning":false})", output).body);
+  EXPECT_FALSE(hidden["choices"][0]["message"].contains("reasoning_content") &&
+               hidden["choices"][0]["message"]["reasoning_content"].is_string() &&
+               hidden["choices"][0]["message"]["reasoning_content"] != "")
+      << hidden.dump();
+  EXPECT_EQ(hidden["choices"][0]["message"]["content"], "one two ");
+  EXPECT_EQ(Service()
+                .Post("/v1/chat/completions", chat + R"(,"return_hidden_states":true})", output)
+                .status,
+            400);
+  EXPECT_EQ(Service()
+                .Post("/v1/chat/completions", chat + R"(,"return_hidden_states":false})", output)
+                .status,
+            200);
+  EXPECT_EQ(Service()
+                .Post("/v1/chat/completions", chat + R"(,"separate_reasoning":"no"})", output)
+                .status,
+            400);
+}
+
 // lm-eval's loglikelihood request: prompt token ids, echo, logprobs, max_tokens 0 (score only).
 // The reply carries the prompt's tokens with their logprobs (null for the first) and no output.
 TEST(PromptLogprobs, EchoWithMaxTokensZeroScoresThePromptOnly) {

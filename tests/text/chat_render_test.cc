@@ -150,6 +150,28 @@ TEST(ChatRender, NonObjectArgumentsRenderAsOneStringParameter) {
       std::string::npos);
 }
 
+// vLLM's continue_final_message renders exactly what DeepSeek's `prefix: true` renders.
+TEST(ChatJson, ContinueFinalMessageIsThePrefixFlag) {
+  auto render = [](const std::string& body) {
+    Result<ChatRequest> r = ChatRequestFromJson(body, ModelVersion::kV4);
+    if (!r.ok()) return "error: " + r.status().message();
+    Result<std::string> p = RenderPrompt(*r);
+    return p.ok() ? *p : "error: " + p.status().message();
+  };
+  const std::string head =
+      R"({"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"x"},)"
+      R"({"role":"assistant","content":"Once upon")";
+  const std::string prefixed = render(head + R"(,"prefix":true}]})");
+  ASSERT_EQ(prefixed.find("error"), std::string::npos) << prefixed;
+  EXPECT_EQ(render(head + R"(}],"continue_final_message":true})"), prefixed);
+  EXPECT_NE(render(head + R"(}],"continue_final_message":false})"), prefixed);
+  EXPECT_NE(render(R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})")
+                .find("continue_final_message"),
+            std::string::npos);
+  EXPECT_NE(render(head + R"(}],"continue_final_message":1})").find("must be a boolean"),
+            std::string::npos);
+}
+
 TEST(ChatJson, RejectsBadInputWithClearErrors) {
   auto err = [](const char* body) {
     Result<ChatRequest> r = ChatRequestFromJson(body, ModelVersion::kV4);
