@@ -199,14 +199,16 @@ int RunServe(int argc, char** argv) {
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");
   }
   // The persistent KV tiers (runtime/kv_store.h): a RAM tier with --kv-cache-ram-gb alone, a
-  // disk tier with --kv-cache-dir (10 GB unless --kv-cache-disk-gb says otherwise).
-  double kv_ram_gb = 0, kv_disk_gb = 10;
+  // disk tier with --kv-cache-dir (10 GB unless --kv-cache-disk-gb says otherwise) and then a
+  // 2 GB RAM tier by default, which is where requests' prefixes are prefetched to off the engine
+  // thread.
+  const std::string kv_dir = args.GetOr("kv-cache-dir", "");
+  double kv_ram_gb = kv_dir.empty() ? 0 : 2, kv_disk_gb = 10;
   if (!args.GetDouble("kv-cache-ram-gb", &kv_ram_gb) ||
       !args.GetDouble("kv-cache-disk-gb", &kv_disk_gb))
     return Usage(args.error());
   if (!(kv_ram_gb >= 0) || !(kv_disk_gb > 0))
     return Usage("--kv-cache-ram-gb must be >= 0 and --kv-cache-disk-gb > 0");
-  const std::string kv_dir = args.GetOr("kv-cache-dir", "");
   if (args.Has("kv-cache-write-back") && kv_dir.empty())
     return Usage("--kv-cache-write-back needs --kv-cache-dir");
   if (!kv_dir.empty() || kv_ram_gb > 0) {

@@ -486,7 +486,16 @@ void KvStore::ScanDir() {
 Status KvStore::WriteFile(const Write& w) {
   const std::string final_path = PathOf(w.key);
   struct stat st {};
-  if (::stat(final_path.c_str(), &st) == 0) return Status::Ok();  // another writer published it
+  if (::stat(final_path.c_str(), &st) == 0) {  // another writer (replica) published it
+    std::lock_guard lock(mu_);
+    DiskEntry& d = disk_[w.key];
+    if (d.bytes == 0) {
+      d.bytes = static_cast<int64_t>(st.st_size);
+      disk_bytes_ += d.bytes;
+    }
+    d.last_use = ++clock_;
+    return Status::Ok();
+  }
   EntryFileHeader h;
   h.key = w.key;
   h.salt = salt_digest_;

@@ -8,7 +8,7 @@ must equal the cold one exactly, and the first request of each shared prefix aft
 must have >= 90 % of the prefix cached, read from the disk tier (/metrics).
 Usage: kv_tier_restart.py DSINFER MODEL_DIR CACHE_DIR [--prefix N] [--requests N]
 Loopback only; stdlib only."""
-import argparse, json, os, random, signal, socket, subprocess, sys, time, urllib.request
+import argparse, atexit, json, os, random, signal, socket, subprocess, sys, time, urllib.request
 
 def free_port():
     s = socket.socket()
@@ -26,6 +26,7 @@ class Server:
                                       "--port", str(self.port), "--threads", "2",
                                       "--served-model-name", "m"] + extra,
                                      stdout=self.log, stderr=self.log)
+        atexit.register(self.kill)  # a failed check must not leave a server behind
         for _ in range(600):
             if self.proc.poll() is not None:
                 sys.exit("server exited with %d; see %s" % (self.proc.returncode, log))
@@ -45,6 +46,11 @@ class Server:
     def metrics(self):
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
             return r.read().decode()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
