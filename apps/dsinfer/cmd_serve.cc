@@ -53,7 +53,9 @@ constexpr const char* kUsage =
     "[--device cpu|cuda|cuda:N]\n"
     "              [--no-default-thinking] [--kv-events-endpoint tcp://HOST:PORT]\n"
     "              [--kv-events-block-size N] [--kv-events-topic TOPIC]\n"
-    "              [--scheduler-metrics none|waiting=NAME,running=NAME,kv_usage=NAME]";
+    "              [--scheduler-metrics none|waiting=NAME,running=NAME,kv_usage=NAME]\n"
+    "              [--kv-cache-dir DIR] [--kv-cache-disk-gb GB] [--kv-cache-ram-gb GB]\n"
+    "              [--kv-cache-write-back]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -160,8 +162,11 @@ int RunServe(int argc, char** argv) {
                    "kv-events-endpoint",
                    "kv-events-block-size",
                    "kv-events-topic",
-                   "scheduler-metrics"},
-                  {"no-default-thinking"}) ||
+                   "scheduler-metrics",
+                   "kv-cache-dir",
+                   "kv-cache-disk-gb",
+                   "kv-cache-ram-gb"},
+                  {"no-default-thinking", "kv-cache-write-back"}) ||
       !args.positional().empty())
     return Usage(args.error());
   long long port = 8000, max_num_seqs = 64, max_batched = 2048, max_queue = 1024, max_model_len = 0,
@@ -192,6 +197,27 @@ int RunServe(int argc, char** argv) {
   if (auto kv = args.Get("kv-cache-memory")) {
     if (!ParseMemory(*kv, &engine_options.kv_cache_bytes))
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");
+  }
+  // The persistent KV tiers (runtime/kv_store.h): a RAM tier with --kv-cache-ram-gb alone, a
+  // disk tier with --kv-cache-dir (10 GB unless --kv-cache-disk-gb says otherwise) and then a
+  // 2 GB RAM tier by default, which is where requests' prefixes are prefetched to off the engine
+  // thread.
+  const std::string kv_dir = args.GetOr("kv-cache-dir", "");
+  double kv_ram_gb = kv_dir.empty() ? 0 : 2, kv_disk_gb = 10;
+  if (!args.GetDouble("kv-cache-ram-gb", &kv_ram_gb) ||
+      !args.GetDouble("kv-cache-disk-gb", &kv_disk_gb))
+    return Usage(args.error());
+  if (!(kv_ram_gb >= 0) || !(kv_disk_gb > 0))
+    return Usage("--kv-cache-ram-gb must be >= 0 and --kv-cache-disk-gb > 0");
+  if (args.Has("kv-cache-write-back") && kv_dir.empty())
+    return Usage("--kv-cache-write-back needs --kv-cache-dir");
+  if (!kv_dir.empty() || kv_ram_gb > 0) {
+    runtime::KvStoreOptions store;
+    store.dir = kv_dir;
+    store.disk_bytes = kv_dir.empty() ? 0 : static_cast<int64_t>(kv_disk_gb * 1e9);
+    store.ram_bytes = static_cast<int64_t>(kv_ram_gb * 1e9);
+    store.write_back = args.Has("kv-cache-write-back");
+    engine_options.kv_store = store;
   }
   const auto residency = WeightResidencyFlag(args);
   if (!residency) return Usage(kWeightResidencyFlagError);

@@ -97,6 +97,8 @@ void Engine::Impl::PublishStats() {
   stats.prefix_cache_entries = static_cast<int64_t>(prefix_cache.size());
   stats.prefix_cache_queries = cache_queries;
   stats.prefix_cache_hits = cache_hits;
+  stats.kv_store_enabled = kv_store != nullptr;
+  if (kv_store != nullptr) stats.kv_store = kv_store->stats();
   stats.prompt_tokens_total = prompt_tokens;
   stats.generation_tokens_total = generation_tokens;
   stats.preemptions_total = scheduler.preemptions();
@@ -121,6 +123,16 @@ Result<int64_t> Engine::Impl::Start(SeqId id, int64_t max_reuse) {
   Sequence& s = *seqs.at(id);
   const PrefixCache::Entry* hit =
       options.enable_prefix_cache ? prefix_cache.Lookup(s.tokens, max_reuse) : nullptr;
+  if (kv_store != nullptr) {
+    const int64_t hot = hit != nullptr ? static_cast<int64_t>(hit->tokens.size()) : 0;
+    if (auto restored = RestoreFromStore(s, hot, max_reuse)) {
+      s.state = std::move(restored);
+      Snapshot(s);  // into the hot tier, so the next request of this prefix shares its pages
+      const int64_t start = s.state->n_tokens();
+      NoteStart(s, start);
+      return start;
+    }
+  }
   DSINFER_ASSIGN_OR_RETURN(s.state, hit != nullptr ? model->Copy(*hit->state) : model->NewState());
   const int64_t start = hit != nullptr ? static_cast<int64_t>(hit->tokens.size()) : 0;
   NoteStart(s, start);
@@ -145,6 +157,7 @@ Status Engine::Impl::Forward(std::vector<ChunkRun>& batch) {
 }
 
 void Engine::Impl::Snapshot(const Sequence& s) {
+  if (kv_store != nullptr) Persist(s);
   std::span<const int32_t> prefix(s.tokens.data(), s.state->n_tokens());
   if (prefix_cache.Contains(prefix)) return;
   // Snapshots live under the same budget (their own bytes; pages they share with the sequence
@@ -301,6 +314,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
   }
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
+  if (options.kv_store) {
+    DSINFER_ASSIGN_OR_RETURN(impl->kv_store, OpenKvStore(weights, options, *runner));
+  }
   impl->prefix_cache.set_observer(impl->options.prefix_cache_observer.get());
   // Paged runners take their pages from the engine's KV manager, under the same budget.
   impl->kv_pages = KvManager::Create(options.kv_cache_bytes);
@@ -331,6 +347,11 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   req->seed = params.sampling.has_seed ? params.sampling.seed : std::random_device{}();
   req->stream = std::make_shared<RequestStream>(params.request_id);
   req->params = std::move(params);
+  // Disk-tier entries of the prompt's prefix come into the RAM tier here, on the caller's
+  // thread, before the engine schedules the request.
+  if (impl_->kv_store != nullptr)
+    impl_->kv_store->Prefetch(req->params.prompt,
+                              static_cast<int64_t>(req->params.prompt.size()) - 1);
   req->queued_at = Clock::now();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -24,6 +24,7 @@
 #include "backend/numerics.h"
 #include "core/status.h"
 #include "model/weights.h"
+#include "runtime/kv_store.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 
@@ -43,8 +44,8 @@ struct RequestParams {
   int min_tokens = 0;                   // EOS / stop ids are masked until this many tokens
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS
   bool ignore_eos = false;
-  int n = 1;               // parallel samples sharing the prompt's KV
-  int top_logprobs = -1;   // -1: no logprobs; 0..20: logprob of the sampled token + top-k
+  int n = 1;              // parallel samples sharing the prompt's KV
+  int top_logprobs = -1;  // -1: no logprobs; 0..20: logprob of the sampled token + top-k
   // Log-probability of each prompt token given the tokens before it, with this many top
   // alternatives (0..20); -1: none. Delivered with the first event (StreamEvent::prompt_logprobs).
   int prompt_logprobs = -1;
@@ -117,6 +118,10 @@ struct EngineOptions {
   int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
   // Told what the prefix cache stores and drops (e.g. the KV-event publisher); may be null.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
+  // The persistent tiers behind the prefix cache (runtime/kv_store.h): a host-RAM tier and a
+  // disk directory. Unset: the prefix cache is the only tier. Needs a paged runner and the
+  // prefix cache.
+  std::optional<KvStoreOptions> kv_store;
 };
 
 // The KV budget EngineOptions::kv_cache_bytes = 0 stands for on the CPU: 25 % of physical RAM
@@ -129,14 +134,16 @@ struct EngineStats {
   int n_waiting = 0;
   int64_t n_tokens_running = 0;  // context tokens (prompt + generated) of the running sequences
   double kv_usage = 0.0;         // fraction of kv_cache_bytes in use
-  int64_t kv_bytes_used = 0;  // the states' own bytes + every page once
+  int64_t kv_bytes_used = 0;     // the states' own bytes + every page once
   int64_t kv_bytes_budget = 0;
   int64_t kv_pages_in_use = 0;  // pages of sequence state (paged runners; runtime/kv_manager.h)
   int64_t kv_page_bytes = 0;
   int64_t kv_page_peak_bytes = 0;
   int64_t prefix_cache_entries = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;     // prompt tokens found
+  int64_t prefix_cache_hits = 0;     // prompt tokens found (in any tier)
+  bool kv_store_enabled = false;     // the RAM / disk tiers (EngineOptions::kv_store)
+  KvStoreStats kv_store;
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t preemptions_total = 0;

@@ -87,6 +87,14 @@ struct ChunkRun {
 }  // namespace dsinfer::runtime::engine_detail
 
 namespace dsinfer::runtime {
+// The store EngineOptions::kv_store asks for, keyed to this model, numerics and runner layout
+// (engine_kv_tier.cc).
+Result<std::unique_ptr<KvStore>> OpenKvStore(const model::ModelWeights& weights,
+                                             const EngineOptions& options,
+                                             const backend::ModelRunner& runner);
+}  // namespace dsinfer::runtime
+
+namespace dsinfer::runtime {
 
 struct Engine::Impl {
   using Request = engine_detail::Request;
@@ -117,6 +125,8 @@ struct Engine::Impl {
   std::unique_ptr<backend::ModelRunner> model;
   std::string device;
   PrefixCache prefix_cache;
+  // The RAM / disk tiers behind the prefix cache (null: none). Its IO runs on its own thread.
+  std::unique_ptr<KvStore> kv_store;
 
   std::mutex mu;  // guards incoming, stopping, draining, stats
   std::condition_variable cv;
@@ -155,6 +165,12 @@ struct Engine::Impl {
   void RunBatch(std::vector<ChunkRun>& batch, StepResult& result);
   Status Forward(std::vector<ChunkRun>& batch);
   void Snapshot(const Sequence& s);
+  // The RAM / disk tiers (engine_kv_tier.cc): s's state restored from the longest stored prefix
+  // longer than min_tokens (nullptr: none); s's state written to them at a page boundary or one
+  // token before its prompt's end.
+  std::unique_ptr<RunnerState> RestoreFromStore(const Sequence& s, int64_t min_tokens,
+                                                int64_t max_tokens);
+  void Persist(const Sequence& s);
   // The step's draws and prompt logprobs (on the runner's idle threads), applied in batch order.
   void DrawAndEmit(std::vector<ChunkRun>& batch);
   // The token s draws from this step's logits, and its logprobs when asked for: a pure function of

@@ -36,6 +36,47 @@ void Sample(std::string* out, const std::string& name, double value,
   out->append(" ").append(Number(value)).append("\n");
 }
 
+// The RAM / disk tiers behind the prefix cache (runtime/kv_store.h), per tier where it applies.
+void RenderKvTier(std::string* out, const runtime::KvStoreStats& k) {
+  const std::string p = "dsinfer:kv_tier_";
+  auto per_tier = [&](const std::string& name, const char* type, const std::string& help,
+                      double ram, double disk) {
+    Metric(out, p + name, type, help);
+    const std::string sample = p + name + (std::string(type) == "counter" ? "_total" : "");
+    Sample(out, sample, ram, "tier=\"ram\"");
+    Sample(out, sample, disk, "tier=\"disk\"");
+  };
+  auto counter = [&](const std::string& name, const std::string& help, double v) {
+    Metric(out, p + name, "counter", help);
+    Sample(out, p + name + "_total", v);
+  };
+  per_tier("entries", "gauge", "Entries held by the tier.", static_cast<double>(k.ram_entries),
+           static_cast<double>(k.disk_entries));
+  per_tier("bytes", "gauge", "Bytes held by the tier.", static_cast<double>(k.ram_bytes),
+           static_cast<double>(k.disk_bytes));
+  per_tier("hits", "counter",
+           "Entries served from the RAM tier / read (verified) from the disk tier.",
+           static_cast<double>(k.ram_hits), static_cast<double>(k.disk_hits));
+  per_tier("hit_bytes", "counter", "Bytes served from the RAM tier / read from the disk tier.",
+           static_cast<double>(k.ram_hit_bytes), static_cast<double>(k.disk_read_bytes));
+  per_tier("evictions", "counter", "Entries evicted from the tier (disk: files deleted).",
+           static_cast<double>(k.ram_evictions), static_cast<double>(k.disk_evictions));
+  counter("lookups", "Sequence starts that looked beyond the hot prefix cache.",
+          static_cast<double>(k.lookups));
+  counter("misses", "Lookups that found no longer stored prefix.", static_cast<double>(k.misses));
+  counter("hit_tokens", "Prompt tokens restored from the RAM or disk tier.",
+          static_cast<double>(k.hit_tokens));
+  counter("stores", "Entry files written to the disk tier.", static_cast<double>(k.stores));
+  counter("store_bytes", "Bytes written to the disk tier.", static_cast<double>(k.store_bytes));
+  counter("store_errors", "Disk writes that failed (full or read-only directory, ...).",
+          static_cast<double>(k.store_errors));
+  counter("checksum_failures",
+          "Entries found truncated, corrupt, foreign or naming other tokens: deleted, recomputed.",
+          static_cast<double>(k.checksum_failures));
+  counter("load_seconds", "Seconds spent reading and verifying disk-tier entries.", k.load_seconds);
+  counter("store_seconds", "Seconds spent writing disk-tier entries (IO thread).", k.store_seconds);
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -131,6 +172,7 @@ std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_co
   Sample(&out, p + "prefix_cache_queries_total", static_cast<double>(stats.prefix_cache_queries));
   Metric(&out, p + "prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.");
   Sample(&out, p + "prefix_cache_hits_total", static_cast<double>(stats.prefix_cache_hits));
+  if (stats.kv_store_enabled) RenderKvTier(&out, stats.kv_store);
   Metric(&out, p + "prompt_tokens", "counter", "Prefill tokens processed.");
   Sample(&out, p + "prompt_tokens_total", static_cast<double>(stats.prompt_tokens_total));
   Metric(&out, p + "generation_tokens", "counter", "Tokens generated.");
