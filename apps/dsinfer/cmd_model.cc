@@ -180,20 +180,20 @@ int RunGenerate(int argc, char** argv) {
       "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] "
       "[--speculative-tokens 0..4]";
   Args args;
-  if (!args.Parse(argc, argv,
-                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
-                   "seed", "numerics", "threads", "tokenizer", "weights", "device",
-                   "speculative-tokens"},
-                  {"ignore-eos", "chat", "no-thinking"}) ||
+  if (!args.Parse(
+          argc, argv,
+          {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed",
+           "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens"},
+          {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
                                              : args.error());
   long long max_tokens = 32, top_k = 0, seed = 0, threads = 0, speculative_tokens = 0;
   double temperature = 0.0, top_p = 1.0;
   if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) ||
-      !args.GetInt("speculative-tokens", &speculative_tokens) ||
-      !args.GetInt("seed", &seed) || !args.GetInt("threads", &threads) ||
-      !args.GetDouble("temperature", &temperature) || !args.GetDouble("top-p", &top_p))
+      !args.GetInt("speculative-tokens", &speculative_tokens) || !args.GetInt("seed", &seed) ||
+      !args.GetInt("threads", &threads) || !args.GetDouble("temperature", &temperature) ||
+      !args.GetDouble("top-p", &top_p))
     return Usage(usage, args.error());
   if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0)
     return Usage(usage, "invalid sampling parameters");
@@ -308,13 +308,14 @@ int RunGenerate(int argc, char** argv) {
     }
     const runtime::SpecDecodeStats spec = (*engine)->Stats().spec_decode;
     char line[160];
-    std::snprintf(line, sizeof line,
-                  "speculative decoding: %lld of %lld draft tokens accepted, %.3f tokens per step\n",
-                  static_cast<long long>(spec.num_accepted_tokens),
-                  static_cast<long long>(spec.num_draft_tokens),
-                  spec.num_drafts > 0 ? 1.0 + static_cast<double>(spec.num_accepted_tokens) /
-                                                  static_cast<double>(spec.num_drafts)
-                                      : 1.0);
+    std::snprintf(
+        line, sizeof line,
+        "speculative decoding: %lld of %lld draft tokens accepted, %.3f tokens per step\n",
+        static_cast<long long>(spec.num_accepted_tokens),
+        static_cast<long long>(spec.num_draft_tokens),
+        spec.num_drafts > 0 ? 1.0 + static_cast<double>(spec.num_accepted_tokens) /
+                                        static_cast<double>(spec.num_drafts)
+                            : 1.0);
     speculation = line;
   } else {
     auto made = (*runner)->NewState();

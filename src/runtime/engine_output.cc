@@ -198,7 +198,8 @@ void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
       const size_t first_fork = forks.size();
       Sample(*r.seq, r.Row(static_cast<int32_t>(r.plan->n_tokens - 1), vocab));
       if (speculative())
-        for (size_t f = first_fork; f < forks.size(); ++f) AdvanceDrafts(*seqs.at(forks[f].first), r);
+        for (size_t f = first_fork; f < forks.size(); ++f)
+          AdvanceDrafts(*seqs.at(forks[f].first), r);
     }
     if (speculative()) AdvanceDrafts(*r.seq, r);
   }

@@ -82,8 +82,9 @@ Status Engine::Impl::ProposeDrafts(Sequence& s, const ChunkRun& run) {
   const int64_t m = model->MtpTokens(*s.state), n = s.state->n_tokens();
   const auto n_context = static_cast<int64_t>(s.tokens.size());
   if (m < c.start || m > n || n >= n_context)
-    return Internal("the MTP stream (" + std::to_string(m) + " positions) does not follow the step (" +
-                    std::to_string(c.start) + " .. " + std::to_string(n) + ")");
+    return Internal("the MTP stream (" + std::to_string(m) +
+                    " positions) does not follow the step (" + std::to_string(c.start) + " .. " +
+                    std::to_string(n) + ")");
   // Drafts only while waiting for the next token, and no more than can still be emitted.
   const RequestParams& p = s.req->params;
   int64_t want = 0;

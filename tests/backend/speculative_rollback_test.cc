@@ -35,12 +35,12 @@ TEST_P(SpeculativeRollback, RandomAcceptLengthsLeaveTheStateOfPlainDecoding) {
   auto spec = m.NewSequence();
   const int64_t prompt = 37;
   ForwardOutput out;
-  ASSERT_TRUE(m.Forward(*spec, std::span(tokens).subspan(0, prompt), {.want_hidden = true}, &out)
-                  .ok());
+  ASSERT_TRUE(
+      m.Forward(*spec, std::span(tokens).subspan(0, prompt), {.want_hidden = true}, &out).ok());
   std::vector<float> mtp_logits, streams;
-  ASSERT_TRUE(m.ForwardMtpLast(*spec, out.hidden, std::span(tokens).subspan(1, prompt), nullptr,
-                               nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      m.ForwardMtpLast(*spec, out.hidden, std::span(tokens).subspan(1, prompt), nullptr, nullptr)
+          .ok());
   std::set<int64_t> offsets128, offsets4;
   int64_t n = prompt;
   while ((offsets128.size() < 128 || offsets4.size() < 4) && n + 6 < 1500) {
@@ -60,11 +60,10 @@ TEST_P(SpeculativeRollback, RandomAcceptLengthsLeaveTheStateOfPlainDecoding) {
     ASSERT_TRUE(m.Truncate(*spec, n + 1 + accept).ok());
     // MTP: the positions the backbone now holds, then chained drafts past them, rolled back.
     const int64_t done = spec->mtp_n_tokens(), now = spec->n_tokens();
-    ASSERT_TRUE(m.ForwardMtpLast(*spec,
-                                 std::span<const float>(out.hidden).subspan((done - n) * HD,
-                                                                            (now - done) * HD),
-                                 std::span(tokens).subspan(done + 1, now - done), &mtp_logits,
-                                 &streams)
+    ASSERT_TRUE(m.ForwardMtpLast(
+                     *spec,
+                     std::span<const float>(out.hidden).subspan((done - n) * HD, (now - done) * HD),
+                     std::span(tokens).subspan(done + 1, now - done), &mtp_logits, &streams)
                     .ok());
     for (int j = 1; j < k; ++j) {
       const std::vector<float> in = streams;
@@ -96,10 +95,10 @@ TEST_P(SpeculativeRollback, RandomAcceptLengthsLeaveTheStateOfPlainDecoding) {
   ASSERT_TRUE(m.Forward(*plain, std::span(tokens).subspan(n, 1), {.want_hidden = true}, &b).ok());
   EXPECT_EQ(a.logits, b.logits);
   std::vector<float> la, lb;
-  ASSERT_TRUE(m.ForwardMtpLast(*spec, a.hidden, std::span(tokens).subspan(n + 1, 1), &la, nullptr)
-                  .ok());
-  ASSERT_TRUE(m.ForwardMtpLast(*plain, b.hidden, std::span(tokens).subspan(n + 1, 1), &lb, nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      m.ForwardMtpLast(*spec, a.hidden, std::span(tokens).subspan(n + 1, 1), &la, nullptr).ok());
+  ASSERT_TRUE(
+      m.ForwardMtpLast(*plain, b.hidden, std::span(tokens).subspan(n + 1, 1), &lb, nullptr).ok());
   EXPECT_EQ(la, lb);
 }
 

@@ -133,8 +133,7 @@ TEST(SpeculativeEngine, GreedyIsBitIdenticalAfterPreemptionAndAfterAPrefixHit) {
   const int64_t budget = 3 * (*cpu)->StateBytesAt(250) + (*cpu)->layout().page_bytes / 2;
   for (int k : {1, 3}) {
     auto spec = MakeEngine(
-        "tiny-a",
-        {.kv_cache_bytes = budget, .enable_prefix_cache = false, .speculative_tokens = k},
+        "tiny-a", {.kv_cache_bytes = budget, .enable_prefix_cache = false, .speculative_tokens = k},
         ref.Fn());
     ExpectSame(want, RunAll(*spec, reqs), "preempted, k=" + std::to_string(k));
     EXPECT_GT(spec->Stats().preemptions_total, 0);

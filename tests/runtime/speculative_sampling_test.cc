@@ -34,9 +34,9 @@ TokenDistribution Dense(const std::vector<double>& probs) {
 TEST(RejectionRule, EmitsTheTargetDistributionWhateverTheDraft) {
   const std::vector<double> spread = {0.5, 0.2, 0.1, 0.1, 0.1, 0.0};
   const std::vector<std::pair<std::vector<double>, std::vector<double>>> pairs = {
-      {spread, {0.1, 0.1, 0.1, 0.1, 0.1, 0.5}},  // q puts mass where p has none
-      {spread, spread},                           // q == p: everything accepted
-      {{0, 0, 0, 0.3, 0.7, 0}, {0.6, 0.4, 0, 0, 0, 0}},  // disjoint: nothing accepted
+      {spread, {0.1, 0.1, 0.1, 0.1, 0.1, 0.5}},              // q puts mass where p has none
+      {spread, spread},                                      // q == p: everything accepted
+      {{0, 0, 0, 0.3, 0.7, 0}, {0.6, 0.4, 0, 0, 0, 0}},      // disjoint: nothing accepted
       {{0, 0, 1, 0, 0, 0}, {0.2, 0.2, 0.2, 0.2, 0.1, 0.1}},  // greedy target
       {spread, {0, 1, 0, 0, 0, 0}},                          // greedy draft
       {{0.05, 0.05, 0.3, 0.3, 0.2, 0.1}, {0.3, 0.3, 0.05, 0.05, 0.1, 0.2}}};
@@ -94,8 +94,8 @@ TEST(RejectionRule, SamplingDistributionIsWhatSampleDraws) {
     }
     const ChiSquare fit = dsinfer::testing::GoodnessOfFit(counts, probs, kZ1e4);
     EXPECT_FALSE(fit.Rejects()) << "T " << sp.temperature << " top_k " << sp.top_k << " top_p "
-                                << sp.top_p << " min_p " << sp.min_p << ": chi2 "
-                                << fit.statistic << " > " << fit.critical;
+                                << sp.top_p << " min_p " << sp.min_p << ": chi2 " << fit.statistic
+                                << " > " << fit.critical;
   }
 }
 
@@ -188,8 +188,8 @@ TEST(SpeculativeSampling, FirstThreeTokensHaveTheDistributionOfPlainSampling) {
     const ChiSquare h = dsinfer::testing::Homogeneity(a, b, kZ1e3);
     std::printf("setting %zu: chi2 %.1f, df %d, critical %.1f (alpha 1e-3), %zu distinct\n", i,
                 h.statistic, h.df, h.critical, a.size());
-    EXPECT_FALSE(h.Rejects()) << "setting " << i << ": chi2 " << h.statistic << " > "
-                              << h.critical << " (df " << h.df << ")";
+    EXPECT_FALSE(h.Rejects()) << "setting " << i << ": chi2 " << h.statistic << " > " << h.critical
+                              << " (df " << h.df << ")";
     EXPECT_GE(h.df, 3) << "setting " << i << ": too few cells to test anything";
   }
   const SpecDecodeStats st = (*spec)->Stats().spec_decode;

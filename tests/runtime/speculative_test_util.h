@@ -9,8 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include "backend/model_runner.h"
 #include "../engine_test_util.h"
+#include "backend/model_runner.h"
 #include "runtime/engine.h"
 
 namespace dsinfer::testing {
@@ -58,8 +58,8 @@ class ScriptedDraftRunner final : public ForwardingRunner {
  public:
   // The draft logits [vocab] for the token after `context` (every token from position 0 to the
   // one the draft follows), or nullopt: the MTP block's own.
-  using DraftFn = std::function<std::optional<std::vector<float>>(
-      std::span<const int32_t> context, int64_t vocab)>;
+  using DraftFn = std::function<std::optional<std::vector<float>>(std::span<const int32_t> context,
+                                                                  int64_t vocab)>;
   ScriptedDraftRunner(std::unique_ptr<backend::ModelRunner> inner, DraftFn fn)
       : ForwardingRunner(std::move(inner)), fn_(std::move(fn)) {}
 
@@ -119,8 +119,8 @@ class ScriptedDraftRunner final : public ForwardingRunner {
 // Contexts of no reference get the MTP block's own drafts.
 class ReferenceDrafts {
  public:
-  ReferenceDrafts(const std::vector<runtime::RequestParams>& reqs,
-                  const std::vector<Outcome>& outs, double miss_rate)
+  ReferenceDrafts(const std::vector<runtime::RequestParams>& reqs, const std::vector<Outcome>& outs,
+                  double miss_rate)
       : miss_rate_(miss_rate) {
     for (size_t i = 0; i < reqs.size(); ++i) {
       std::vector<int32_t> seq = reqs[i].prompt;
@@ -134,8 +134,9 @@ class ReferenceDrafts {
       for (const auto& seq : seqs) {
         if (seq.size() <= ctx.size() || !std::equal(ctx.begin(), ctx.end(), seq.begin())) continue;
         int32_t token = seq[ctx.size()];
-        const uint64_t h = (ctx.size() * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(ctx.back())) *
-                           0xbf58476d1ce4e5b9ull;
+        const uint64_t h =
+            (ctx.size() * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(ctx.back())) *
+            0xbf58476d1ce4e5b9ull;
         if (static_cast<double>(h >> 11) * 0x1p-53 < miss)
           token = static_cast<int32_t>((token + 1 + (h >> 60)) % vocab);
         std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);

@@ -518,7 +518,8 @@ TEST_F(ServiceTest, MetricsReportSpeculativeDecodingWhenItIsOn) {
   HttpReply m = Request(port_, "GET", "/metrics", "");
   ASSERT_EQ(m.status, 200);
   for (const char* line :
-       {"dsinfer:spec_decode_num_drafts_total 10\n", "dsinfer:spec_decode_num_draft_tokens_total 30\n",
+       {"dsinfer:spec_decode_num_drafts_total 10\n",
+        "dsinfer:spec_decode_num_draft_tokens_total 30\n",
         "dsinfer:spec_decode_num_accepted_tokens_total 20\n",
         "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 8\n",
         "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 5\n",

@@ -117,9 +117,13 @@ int64_t SequenceState::mtp_rollback_floor() const {
 
 Status SequenceState::TruncateMtp(int64_t n) {
   if (n < mtp_rollback_floor() || n > mtp_n_tokens_)
-    return OutOfRange("TruncateMtp to " + std::to_string(n) + " positions: the MTP stream can go "
-                      "back to " + std::to_string(mtp_rollback_floor()) + " at the earliest (it "
-                      "holds " + std::to_string(mtp_n_tokens_) + ")");
+    return OutOfRange("TruncateMtp to " + std::to_string(n) +
+                      " positions: the MTP stream can go "
+                      "back to " +
+                      std::to_string(mtp_rollback_floor()) +
+                      " at the earliest (it "
+                      "holds " +
+                      std::to_string(mtp_n_tokens_) + ")");
   // As Truncate: ring slots past n are no longer visible and are overwritten when written again.
   mtp_n_tokens_ = n;
   return Status::Ok();
