@@ -346,7 +346,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
 Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   DSINFER_RETURN_IF_ERROR(
       ValidateRequest(params, impl_->weights.config(), impl_->options.max_model_len));
-  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
+  // The scheduler's check: the context and the draft positions a verify step writes past it.
+  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens +
+                        impl_->options.speculative_tokens;
   DSINFER_RETURN_IF_ERROR(CheckFitsBudget(impl_->kv, total));
   auto req = std::make_shared<Request>();
   if (params.request_id.empty()) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_map>
 
 namespace dsinfer::runtime {
 
@@ -117,14 +116,16 @@ DraftVerdict VerifyDraft(const TokenDistribution& p, const TokenDistribution& q,
                          double u_accept, double u_resample) {
   const double pd = p.ProbOf(draft), qd = q.ProbOf(draft);
   if (qd > 0.0 && u_accept * qd < pd) return {true, draft};
-  std::unordered_map<int32_t, double> q_of;
-  q_of.reserve(q.tokens.size());
-  for (size_t i = 0; i < q.tokens.size(); ++i) q_of[q.tokens[i]] = q.probs[i];
+  // q by token id, dense: a full-vocabulary q (sampling without top-k) has 129,280 entries.
+  int32_t max_id = 0;
+  for (int32_t t : p.tokens) max_id = std::max(max_id, t);
+  std::vector<double> q_of(static_cast<size_t>(max_id) + 1, 0.0);  // [max_id + 1]
+  for (size_t i = 0; i < q.tokens.size(); ++i)
+    if (q.tokens[i] <= max_id) q_of[q.tokens[i]] = q.probs[i];
   std::vector<int32_t> tokens;
   std::vector<double> residual;
   for (size_t i = 0; i < p.tokens.size(); ++i) {
-    auto it = q_of.find(p.tokens[i]);
-    const double r = p.probs[i] - (it == q_of.end() ? 0.0 : it->second);
+    const double r = p.probs[i] - q_of[p.tokens[i]];
     if (r > 0.0) {
       tokens.push_back(p.tokens[i]);
       residual.push_back(r);
