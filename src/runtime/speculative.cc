@@ -40,21 +40,7 @@ TokenDistribution TopKDistribution(std::span<const float> logits, const Sampling
   double sum = 0.0;
   for (size_t i = 0; i < keep0; ++i) sum += (prob[i] = std::exp((logits[order[i]] - mx) * inv_t));
   for (double& v : prob) v /= sum;
-  size_t keep = keep0;
-  if (p.min_p > 0.0) {
-    size_t k = 1;
-    while (k < keep && prob[k] >= p.min_p * prob[0]) ++k;
-    keep = k;
-  }
-  if (p.top_p < 1.0) {
-    double cum = 0.0;
-    size_t k = 0;
-    while (k < keep) {
-      cum += prob[k++];
-      if (cum >= p.top_p) break;
-    }
-    keep = std::max<size_t>(1, k);
-  }
+  const size_t keep = KeptByMinPTopP(prob, p.min_p, p.top_p);
   order.resize(keep);
   prob.resize(keep);
   return Normalised(std::move(order), std::move(prob));
