@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -173,6 +174,57 @@ class ModelBench {
     return true;
   }
 
+  // Speculative decoding's verify step at batch B: each sequence runs its pending token and k
+  // drafts (k + 1 rows, every row's logits and final streams, as the engine asks), then rolls
+  // back to where it was, for k = 0 (the plain decode step) .. max_k. Prints each step's cost
+  // relative to the 1-row step, and the decode rate the measured costs give at draft acceptance
+  // rates 0.5 / 0.7 / 0.9: with per-token acceptance a, a step emits (1 - a^(k+1)) / (1 - a)
+  // tokens per sequence on average. The drafts' own cost (k MTP-block calls per sequence) is
+  // not in the step.
+  bool Verify(const backend::cpu::SequenceState& prefilled, int batch, int max_k) {
+    std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
+    for (int i = 0; i < batch; ++i) states.push_back(prefilled.Copy());
+    std::vector<double> step_s(static_cast<size_t>(max_k) + 1);   // [k] median seconds
+    std::vector<double> step_mb(static_cast<size_t>(max_k) + 1);  // [k] median MB read
+    for (int k = 0; k <= max_k; ++k) {
+      std::vector<double> samples, megabytes;
+      std::vector<int32_t> toks(static_cast<size_t>(batch) * (k + 1));  // [B, k + 1]
+      std::vector<backend::cpu::ForwardOutput> outs(batch);
+      std::vector<backend::cpu::SequenceChunk> chunks(batch);
+      const backend::cpu::ForwardOptions rows{.all_logits = k > 0, .want_hidden = k > 0};
+      for (int step = 0; step < decode_steps_; ++step) {
+        for (auto& t : toks) t = token_(rng_);
+        for (int i = 0; i < batch; ++i)
+          chunks[i] = {states[i].get(),
+                       std::span<const int32_t>(toks.data() + static_cast<int64_t>(i) * (k + 1),
+                                                static_cast<size_t>(k) + 1),
+                       rows, &outs[i]};
+        auto t0 = std::chrono::steady_clock::now();
+        if (!cpu_.ForwardBatch(chunks).ok()) return false;
+        samples.push_back(Seconds(t0));
+        megabytes.push_back(StepBytes() / 1e6);
+        for (auto& st : states)
+          if (!cpu_.Truncate(*st, prefilled.n_tokens()).ok()) return false;
+      }
+      step_s[k] = Median(samples);
+      step_mb[k] = Median(megabytes);
+    }
+    for (int k = 0; k <= max_k; ++k) {
+      std::printf(
+          "verify  batch %3d context %6lld: k %d (%d rows/seq): step %8.1f ms = %.3fx the "
+          "1-row step, reads %7.1f MB",
+          batch, static_cast<long long>(prefilled.n_tokens()), k, k + 1, step_s[k] * 1e3,
+          step_s[k] / step_s[0], step_mb[k]);
+      for (double a : {0.5, 0.7, 0.9}) {
+        const double per_step = (1 - std::pow(a, k + 1)) / (1 - a);
+        std::printf("  a=%.1f: %.2f tok/s (%.2fx)", a, batch * per_step / step_s[k],
+                    per_step * step_s[0] / step_s[k]);
+      }
+      std::printf("\n");
+    }
+    return true;
+  }
+
  private:
   // A short read-bandwidth probe right before a step: on a shared machine the bandwidth drifts
   // by 2x within a minute, so each step is set against the bandwidth of its own moment and the
@@ -248,7 +300,8 @@ class ModelBench {
 int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
-      "[--mixed-chunk N] [--decode N] [--repeats N] [--threads N] [--memory BYTES] [--csv FILE] "
+      "[--mixed-chunk N] [--verify K] [--decode N] [--repeats N] [--threads N] [--memory BYTES] "
+      "[--csv FILE] "
       "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
   if (argc >= 2 && std::strcmp(argv[1], "serve") == 0) return RunBenchServe(argc - 1, argv + 1);
@@ -259,17 +312,17 @@ int RunBench(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc - 1, argv + 1,
                   {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
-                   "numerics", "batch", "mixed-chunk", "memory", "weights"},
+                   "numerics", "batch", "mixed-chunk", "memory", "weights", "verify"},
                   {}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
   }
-  long long decode = 8, repeats = 3, threads = 0, mixed_chunk = 256, memory = 0;
+  long long decode = 8, repeats = 3, threads = 0, mixed_chunk = 256, memory = 0, verify = 0;
   if (!args.GetInt("decode", &decode) || !args.GetInt("repeats", &repeats) ||
       !args.GetInt("threads", &threads) || !args.GetInt("mixed-chunk", &mixed_chunk) ||
-      !args.GetInt("memory", &memory) || decode < 1 || repeats < 1 || mixed_chunk < 0 ||
-      memory < 0) {
+      !args.GetInt("memory", &memory) || !args.GetInt("verify", &verify) || verify < 0 ||
+      verify > 8 || decode < 1 || repeats < 1 || mixed_chunk < 0 || memory < 0) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
   }
@@ -359,6 +412,12 @@ int RunBench(int argc, char** argv) {
         status = 1;
         break;
       }
+    if (verify > 0)
+      for (int32_t b : batches)
+        if (!bench.Verify(*state, b, static_cast<int>(verify))) {
+          status = 1;
+          break;
+        }
     if (mixed_chunk > 0)
       for (int32_t b : batches)
         if (!bench.Mixed(*state, b, static_cast<int>(mixed_chunk))) {

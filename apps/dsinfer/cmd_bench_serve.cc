@@ -49,6 +49,24 @@ bool ParseSlo(const std::string& text, measure::LoadConfig* cfg) {
 
 }  // namespace
 
+// The server's speculative decoding over the level (its dsinfer:spec_decode_* counters), when
+// it speculates: draft acceptance and tokens per verified draft.
+static void PrintSpeculation(int concurrency, const measure::LevelResult& level) {
+  if (!level.has_server_delta) return;
+  const auto& counters = level.server_delta.counters;
+  auto counter = [&](const char* name) {
+    auto it = counters.find(std::string("dsinfer:spec_decode_") + name + "_total");
+    return it == counters.end() ? 0.0 : it->second;
+  };
+  const double drafts = counter("num_drafts"), proposed = counter("num_draft_tokens"),
+               accepted = counter("num_accepted_tokens");
+  if (drafts <= 0 || proposed <= 0) return;
+  std::fprintf(stderr,
+               "concurrency %d: speculative decoding: %.0f of %.0f draft tokens accepted "
+               "(%.3f), %.3f tokens per verified draft\n",
+               concurrency, accepted, proposed, accepted / proposed, 1.0 + accepted / drafts);
+}
+
 int RunBenchServe(int argc, char** argv) {
   const char* usage =
       "dsinfer bench serve --url http://HOST:PORT [--api-key K] [--model NAME] [--num-prompts N] "
@@ -174,6 +192,7 @@ int RunBenchServe(int argc, char** argv) {
                      r.detail.c_str());
       failed_total += r.ok ? 0 : 1;
     }
+    PrintSpeculation(c, level);
     if (!levels_json.empty()) levels_json += ",";
     levels_json += measure::LevelJson(cfg, level);
     csv += measure::LevelCsv(cfg, level);

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/demo_model.h"
 #include "model/weights.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "text/chat_parser.h"
 #include "text/chat_render.h"
@@ -176,23 +177,28 @@ int RunGenerate(int argc, char** argv) {
       "[--max-tokens N] "
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
-      "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N]";
+      "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] "
+      "[--speculative-tokens 0..4]";
   Args args;
-  if (!args.Parse(argc, argv,
-                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
-                   "seed", "numerics", "threads", "tokenizer", "weights", "device"},
-                  {"ignore-eos", "chat", "no-thinking"}) ||
+  if (!args.Parse(
+          argc, argv,
+          {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed",
+           "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens"},
+          {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
                                              : args.error());
-  long long max_tokens = 32, top_k = 0, seed = 0, threads = 0;
+  long long max_tokens = 32, top_k = 0, seed = 0, threads = 0, speculative_tokens = 0;
   double temperature = 0.0, top_p = 1.0;
   if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) ||
-      !args.GetInt("seed", &seed) || !args.GetInt("threads", &threads) ||
-      !args.GetDouble("temperature", &temperature) || !args.GetDouble("top-p", &top_p))
+      !args.GetInt("speculative-tokens", &speculative_tokens) || !args.GetInt("seed", &seed) ||
+      !args.GetInt("threads", &threads) || !args.GetDouble("temperature", &temperature) ||
+      !args.GetDouble("top-p", &top_p))
     return Usage(usage, args.error());
   if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0)
     return Usage(usage, "invalid sampling parameters");
+  if (speculative_tokens < 0 || speculative_tokens > runtime::kMaxSpeculativeTokens)
+    return Usage(usage, "--speculative-tokens must be in [0, 4]");
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
@@ -239,13 +245,12 @@ int RunGenerate(int argc, char** argv) {
   if (weights == nullptr) return 1;
   auto runner = MakeRunner(*device, *weights, *numerics, static_cast<int>(threads));
   if (!runner.ok()) return Fail(runner.status());
-  auto state = (*runner)->NewState();
-  if (!state.ok()) return Fail(state.status());
+  std::unique_ptr<backend::RunnerState> state;  // made when the runner is stepped here
   // One sequence stepped through the runner: the last position's logits into `out`.
   backend::cpu::ForwardOutput out;
   auto forward = [&](std::span<const int32_t> tokens) {
     out.logits.clear();
-    backend::RunnerChunk chunk{state->get(), tokens, {}, &out};
+    backend::RunnerChunk chunk{state.get(), tokens, {}, &out};
     return (*runner)->ForwardBatch(std::span<backend::RunnerChunk>(&chunk, 1));
   };
   runtime::SamplingParams sp{
@@ -270,12 +275,57 @@ int RunGenerate(int argc, char** argv) {
   };
 
   auto t0 = std::chrono::steady_clock::now();
-  Status st = forward(ids);
-  if (!st.ok()) return Fail(st);
-  auto t1 = std::chrono::steady_clock::now();
+  auto t1 = t0;
   std::vector<int32_t> generated;
   bool hit_eos = false;
-  for (long long i = 0; i < max_tokens; ++i) {
+  std::string speculation;  // the acceptance line, with --speculative-tokens
+  if (speculative_tokens > 0 && max_tokens > 0) {
+    // Speculative decoding runs in the engine (drafts, verification, rollback): one request.
+    runtime::EngineOptions eo;
+    eo.n_threads = static_cast<int>(threads);
+    eo.numerics = *numerics;
+    eo.enable_prefix_cache = false;
+    eo.speculative_tokens = static_cast<int>(speculative_tokens);
+    auto engine = runtime::Engine::Create(*weights, eo, std::move(runner).value());
+    if (!engine.ok()) return Fail(engine.status());
+    runtime::RequestParams rp;
+    rp.prompt = ids;
+    rp.max_tokens = static_cast<int>(max_tokens);
+    rp.sampling = sp;
+    rp.ignore_eos = args.Has("ignore-eos");
+    auto stream = (*engine)->Submit(std::move(rp));
+    if (!stream.ok()) return Fail(stream.status());
+    while (auto ev = (*stream)->Next(std::chrono::hours(24))) {
+      for (int32_t tok : ev->tokens) {
+        if (generated.empty()) t1 = std::chrono::steady_clock::now();
+        emit(tok, generated.empty());
+        generated.push_back(tok);
+      }
+      if (!ev->finished) continue;
+      if (ev->finish_reason == runtime::FinishReason::kError) return Fail(ev->error);
+      hit_eos = ev->finish_reason == runtime::FinishReason::kStop;
+      break;
+    }
+    const runtime::SpecDecodeStats spec = (*engine)->Stats().spec_decode;
+    char line[160];
+    std::snprintf(
+        line, sizeof line,
+        "speculative decoding: %lld of %lld draft tokens accepted, %.3f tokens per step\n",
+        static_cast<long long>(spec.num_accepted_tokens),
+        static_cast<long long>(spec.num_draft_tokens),
+        spec.num_drafts > 0 ? 1.0 + static_cast<double>(spec.num_accepted_tokens) /
+                                        static_cast<double>(spec.num_drafts)
+                            : 1.0);
+    speculation = line;
+  } else {
+    auto made = (*runner)->NewState();
+    if (!made.ok()) return Fail(made.status());
+    state = std::move(made).value();
+    Status st = forward(ids);
+    if (!st.ok()) return Fail(st);
+    t1 = std::chrono::steady_clock::now();
+  }
+  for (long long i = 0; speculation.empty() && i < max_tokens; ++i) {
     int32_t tok = runtime::Sample(out.logits, sp, static_cast<uint64_t>(i));
     generated.push_back(tok);
     if (tok == eos && !args.Has("ignore-eos")) {
@@ -286,7 +336,7 @@ int RunGenerate(int argc, char** argv) {
     emit(tok, i == 0);
     if (i + 1 == max_tokens) break;
     const int32_t one[1] = {tok};
-    st = forward(one);
+    const Status st = forward(one);
     if (!st.ok()) return Fail(st);
   }
   auto t2 = std::chrono::steady_clock::now();
@@ -315,6 +365,7 @@ int RunGenerate(int argc, char** argv) {
       "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
       ids.size(), Seconds(t0, t1), ids.size() / std::max(1e-9, Seconds(t0, t1)), generated.size(),
       decode_s, generated.size() > 1 ? (generated.size() - 1) / std::max(1e-9, decode_s) : 0.0);
+  std::fputs(speculation.c_str(), stderr);
   return 0;
 }
 

@@ -48,6 +48,7 @@ constexpr const char* kUsage =
     "              [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-cache-memory "
     "BYTES|NGiB|NMiB|FRACTION]\n"
     "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
+    "              [--speculative-tokens 0..4]\n"
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
     "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
     "[--device cpu|cuda|cuda:N]\n"
@@ -165,12 +166,13 @@ int RunServe(int argc, char** argv) {
                    "scheduler-metrics",
                    "kv-cache-dir",
                    "kv-cache-disk-gb",
-                   "kv-cache-ram-gb"},
+                   "kv-cache-ram-gb",
+                   "speculative-tokens"},
                   {"no-default-thinking", "kv-cache-write-back"}) ||
       !args.positional().empty())
     return Usage(args.error());
   long long port = 8000, max_num_seqs = 64, max_batched = 2048, max_queue = 1024, max_model_len = 0,
-            threads = 0;
+            threads = 0, speculative_tokens = 0;
   long long max_tokens_limit = 32768, default_max_tokens = 0, max_connections = 256;
   long long max_body = 8 * 1024 * 1024;
   double shutdown_timeout = 30;
@@ -181,11 +183,13 @@ int RunServe(int argc, char** argv) {
       !args.GetInt("default-max-tokens", &default_max_tokens) ||
       !args.GetInt("max-connections", &max_connections) ||
       !args.GetInt("max-body-bytes", &max_body) ||
+      !args.GetInt("speculative-tokens", &speculative_tokens) ||
       !args.GetDouble("shutdown-timeout", &shutdown_timeout))
     return Usage(args.error());
   if (port < 0 || port > 65535 || max_num_seqs < 1 || max_batched < 1 || max_queue < 1 ||
       max_model_len < 0 || threads < 0 || max_tokens_limit < 1 || default_max_tokens < 0 ||
-      max_connections < 1 || max_body < 1024 || shutdown_timeout < 0)
+      max_connections < 1 || max_body < 1024 || shutdown_timeout < 0 || speculative_tokens < 0 ||
+      speculative_tokens > runtime::kMaxSpeculativeTokens)
     return Usage("a numeric flag is out of range");
 
   runtime::EngineOptions engine_options;
@@ -194,6 +198,7 @@ int RunServe(int argc, char** argv) {
   engine_options.max_num_batched_tokens = static_cast<int>(max_batched);
   engine_options.max_queue = static_cast<int>(max_queue);
   engine_options.max_model_len = max_model_len;
+  engine_options.speculative_tokens = static_cast<int>(speculative_tokens);
   if (auto kv = args.Get("kv-cache-memory")) {
     if (!ParseMemory(*kv, &engine_options.kv_cache_bytes))
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");

@@ -1,6 +1,7 @@
 #include "backend/model_runner.h"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_model.h"
@@ -62,6 +63,26 @@ class CpuRunner final : public ModelRunner {
   }
   Status Truncate(RunnerState& state, int64_t n_tokens) override {
     return model_->Truncate(Cpu(state), n_tokens);
+  }
+  Status CheckSpeculation(int n_draft) const override {
+    if (model_->config().n_mtp_layers < 1)
+      return FailedPrecondition("speculative decoding: this checkpoint has no MTP block");
+    // A verify step writes n_draft + 1 positions, of which up to n_draft are rolled back; the
+    // MTP stream chains n_draft - 1 positions past the backbone.
+    if (n_draft < 0 || n_draft > model_->layout().rollback_tokens)
+      return InvalidArgument("speculative decoding: " + std::to_string(n_draft) +
+                             " draft tokens, more than the state can roll back (" +
+                             std::to_string(model_->layout().rollback_tokens) + ")");
+    return Status::Ok();
+  }
+  int64_t MtpTokens(const RunnerState& state) const override { return Cpu(state).mtp_n_tokens(); }
+  Status ForwardMtp(RunnerState& state, std::span<const float> hidden,
+                    std::span<const int32_t> next, std::vector<float>* logits,
+                    std::vector<float>* last_hidden) override {
+    return model_->ForwardMtpLast(Cpu(state), hidden, next, logits, last_hidden);
+  }
+  Status TruncateMtp(RunnerState& state, int64_t n) override {
+    return model_->TruncateMtp(Cpu(state), n);
   }
   Result<std::vector<uint8_t>> Export(const RunnerState& state, std::span<const int32_t> tokens,
                                       int64_t first_page) override {

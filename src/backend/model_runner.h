@@ -85,6 +85,36 @@ class ModelRunner {
     return Unimplemented("Import: " + device() + " states cannot be deserialized yet");
   }
 
+  // ---- speculative decoding with the checkpoint's MTP block -----------------------------------
+  // Ok when this runner can draft n_draft tokens per step with MTP block 0 and roll them back
+  // (the engine refuses to start with speculation otherwise).
+  virtual Status CheckSpeculation(int n_draft) const {
+    (void)n_draft;
+    return Unimplemented("speculative decoding: the " + device() +
+                         " runner has no MTP drafting or rollback yet");
+  }
+  // Positions of the state's MTP stream (MTP position p reads the backbone's final streams at p
+  // and the token at p + 1, and predicts the token at p + 2).
+  virtual int64_t MtpTokens(const RunnerState& state) const {
+    (void)state;
+    return 0;
+  }
+  // Runs MTP positions [MtpTokens, + next.size()): hidden [n, hc, hidden] the backbone's final
+  // streams there (or the MTP block's own, chaining drafts), next [n] the tokens one later.
+  // logits (when not null) receives the last row's [vocab], last_hidden the block's final
+  // streams of the last row [hc, hidden].
+  virtual Status ForwardMtp(RunnerState& state, std::span<const float> hidden,
+                            std::span<const int32_t> next, std::vector<float>* logits,
+                            std::vector<float>* last_hidden) {
+    (void)state, (void)hidden, (void)next, (void)logits, (void)last_hidden;
+    return Unimplemented("ForwardMtp: " + device() + " runner");
+  }
+  // The MTP stream back to n positions (the backbone is untouched).
+  virtual Status TruncateMtp(RunnerState& state, int64_t n) {
+    (void)state, (void)n;
+    return Unimplemented("TruncateMtp: " + device() + " runner");
+  }
+
   // fn(0) .. fn(n - 1), on the runner's host threads where it has them, idle between steps (the
   // engine's per-sequence sampling); fn must be safe to run concurrently for different indices.
   // Without host threads of its own, one after another on the caller's.

@@ -61,7 +61,8 @@ Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) c
 
 Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
                       std::span<const int32_t> next, std::span<const float> hidden,
-                      std::vector<float>* logits) const {
+                      std::vector<float>* logits, bool last_row_logits,
+                      std::vector<float>* last_hidden) const {
   const model::ModelConfig& c = config_;
   const LayerPlan& plan = plans_[c.n_layers + mtp_index];
   const int L = plan.layer;
@@ -82,7 +83,13 @@ Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
       ops.Linear(L, Weight::kHProj, LinearMode::kQuantized, hn, n * c.hc_mult, X));
   DSINFER_RETURN_IF_ERROR(ops.AddToStreams(ep, X));
   DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, 1, X));
-  return Head(ops, L, X, n, logits);
+  float* last = X + (n - 1) * HD;  // [hc, D] the last row's streams
+  if (last_hidden != nullptr) {
+    last_hidden->resize(static_cast<size_t>(HD));
+    DSINFER_RETURN_IF_ERROR(ops.Download(last, HD, last_hidden->data()));
+  }
+  if (logits == nullptr) return Status::Ok();
+  return last_row_logits ? Head(ops, L, last, 1, logits) : Head(ops, L, X, n, logits);
 }
 
 Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows,

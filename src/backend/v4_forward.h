@@ -39,9 +39,13 @@ class V4Forward {
 
   // MTP block `mtp_index` (spec §8) for one sequence: segment.start_pos is the MTP stream's
   // position, hidden [n, hc, hidden] the main model's final streams at those positions, next [n]
-  // the tokens one position later. logits [n, vocab] predict the tokens two positions later.
+  // the tokens one position later. logits [n, vocab] predict the tokens two positions later;
+  // with last_row_logits only the last row's [1, vocab] (speculative drafting, which also skips
+  // the head on catch-up rows), and no head at all when logits is null. last_hidden, when given,
+  // receives the block's final streams of the last row [hc, hidden]: the next draft's input.
   Status Mtp(V4Ops& ops, int mtp_index, const Segment& segment, std::span<const int32_t> next,
-             std::span<const float> hidden, std::vector<float>* logits) const;
+             std::span<const float> hidden, std::vector<float>* logits,
+             bool last_row_logits = false, std::vector<float>* last_hidden = nullptr) const;
 
   // A step's or an MTP call's token ids are in the vocabulary (the backends check before any
   // state changes); MTP's hidden streams are [next.size(), hc, hidden].

@@ -54,7 +54,9 @@ Status ValidateRequest(const RequestParams& p, const model::ModelConfig& c, int6
 int64_t DefaultKvCacheBytes() { return backend::DefaultCpuStateBudget(); }
 
 Engine::Impl::Impl(const model::ModelWeights& w, EngineOptions o)
-    : weights(w), options(o), scheduler(SchedulerFor(o), &kv) {}
+    : weights(w), options(o), scheduler(SchedulerFor(o), &kv) {
+  spec_stats.num_accepted_tokens_per_pos.assign(static_cast<size_t>(o.speculative_tokens), 0);
+}
 
 int64_t Engine::Impl::UsedBytes() const {
   int64_t b = prefix_cache.bytes() + model->PageBytesInUse();
@@ -104,6 +106,7 @@ void Engine::Impl::PublishStats() {
   stats.preemptions_total = scheduler.preemptions();
   stats.finished_by_reason = finished_by_reason;
   stats.steps_total = steps;
+  stats.spec_decode = spec_stats;
 }
 
 void Engine::Impl::NoteStart(Sequence& s, int64_t start) {
@@ -134,6 +137,8 @@ Result<int64_t> Engine::Impl::Start(SeqId id, int64_t max_reuse) {
     }
   }
   DSINFER_ASSIGN_OR_RETURN(s.state, hit != nullptr ? model->Copy(*hit->state) : model->NewState());
+  s.drafts.clear();  // proposed for a state that is gone (preemption)
+  s.draft_dists.clear();
   const int64_t start = hit != nullptr ? static_cast<int64_t>(hit->tokens.size()) : 0;
   NoteStart(s, start);
   return start;
@@ -144,11 +149,20 @@ Status Engine::Impl::Forward(std::vector<ChunkRun>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i].seq;
     const ScheduledChunk& c = *batch[i].plan;
-    // The plan starts where the state is; no drafter registers draft positions yet.
-    DSINFER_CHECK(s.state != nullptr && s.state->n_tokens() == c.start && c.n_draft == 0);
-    chunks[i].state = s.state.get();
+    // The plan starts where the state is.
+    DSINFER_CHECK(s.state != nullptr && s.state->n_tokens() == c.start);
+    ChunkRun& r = batch[i];
+    // Drafts follow the context tokens (the plan's n_draft are room reserved; the sequence
+    // may have proposed fewer, e.g. near max_tokens).
+    r.n_draft = std::min(c.n_draft, static_cast<int>(s.drafts.size()));
     chunks[i].tokens = std::span<const int32_t>(s.tokens).subspan(c.start, c.n_tokens);
-    chunks[i].options = batch[i].Options();
+    if (r.n_draft > 0) {
+      r.input.assign(chunks[i].tokens.begin(), chunks[i].tokens.end());
+      r.input.insert(r.input.end(), s.drafts.begin(), s.drafts.begin() + r.n_draft);
+      chunks[i].tokens = r.input;
+    }
+    chunks[i].state = s.state.get();
+    chunks[i].options = r.Options(speculative());
     chunks[i].out = &batch[i].out;
     if (c.start < s.n_prompt) prompt_tokens += std::min(c.n_tokens, s.n_prompt - c.start);
   }
@@ -177,8 +191,13 @@ void Engine::Impl::RunBatch(std::vector<ChunkRun>& batch, StepResult& result) {
   if (!st.ok()) {
     for (ChunkRun& r : batch) Finish(*r.seq, FinishReason::kError, st);
   } else {
+    // Chunks that do not sample know every next token: the MTP block catches up now, so that a
+    // prefix-cache snapshot holds it too.
+    if (speculative())
+      for (ChunkRun& r : batch)
+        if (!r.plan->samples) AdvanceDrafts(*r.seq, r);
     for (ChunkRun& r : batch)
-      if (r.plan->snapshot_after) Snapshot(*r.seq);
+      if (r.plan->snapshot_after && r.seq->state != nullptr) Snapshot(*r.seq);
     DrawAndEmit(batch);
   }
   for (ChunkRun& r : batch) result.sequences.push_back(Outcome(*r.seq));
@@ -238,7 +257,8 @@ void Engine::Impl::TakeIncoming() {
     const Status added = scheduler.Add({.id = s->id,
                                         .n_prompt = s->n_prompt,
                                         .max_context = s->n_prompt + req->params.max_tokens,
-                                        .prompt_logits = req->params.prompt_logprobs >= 0});
+                                        .prompt_logits = req->params.prompt_logprobs >= 0,
+                                        .n_draft = options.speculative_tokens});
     if (!added.ok()) {  // Submit checked the same: only a bug gets here, and it loses nothing
       Finish(*s, FinishReason::kError, added);
       continue;
@@ -307,11 +327,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
       options.prefix_block_tokens < 1)
     return InvalidArgument(
         "engine options: max_num_seqs, max_num_batched_tokens, max_queue must be >= 1");
+  if (options.speculative_tokens < 0 || options.speculative_tokens > kMaxSpeculativeTokens)
+    return InvalidArgument("engine options: speculative_tokens must be in [0, " +
+                           std::to_string(kMaxSpeculativeTokens) + "]");
   if (runner == nullptr) {
     backend::CpuRunnerOptions cpu;
     cpu.n_threads = options.n_threads;
     DSINFER_ASSIGN_OR_RETURN(runner, backend::MakeCpuRunner(weights, options.numerics, cpu));
   }
+  if (options.speculative_tokens > 0)
+    DSINFER_RETURN_IF_ERROR(runner->CheckSpeculation(options.speculative_tokens));
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
   if (options.kv_store) {
@@ -337,7 +362,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
 Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   DSINFER_RETURN_IF_ERROR(
       ValidateRequest(params, impl_->weights.config(), impl_->options.max_model_len));
-  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
+  // The scheduler's check: the context and the draft positions a verify step writes past it.
+  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens +
+                        impl_->options.speculative_tokens;
   DSINFER_RETURN_IF_ERROR(CheckFitsBudget(impl_->kv, total));
   auto req = std::make_shared<Request>();
   if (params.request_id.empty()) {

@@ -116,6 +116,11 @@ struct EngineOptions {
   int64_t max_model_len = 0;   // 0: unlimited (state grows with context)
   bool enable_prefix_cache = true;
   int prefix_block_tokens = 128;  // prefix-cache checkpoint granularity
+  // Speculative decoding with the checkpoint's MTP block: up to this many draft tokens per
+  // sequence and decode step, verified by the target in the same batched forward (0: off; at
+  // most kMaxSpeculativeTokens). Lossless: greedy output is bit-identical, sampled output has
+  // the same distribution (runtime/speculative.h).
+  int speculative_tokens = 0;
   // Told what the prefix cache stores and drops (e.g. the KV-event publisher); may be null.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
   // The persistent tiers behind the prefix cache (runtime/kv_store.h): a host-RAM tier and a
@@ -128,6 +133,18 @@ struct EngineOptions {
 // (4 GiB when the system does not say). A GPU runner has its own (ModelRunner::
 // DefaultStateBudget).
 int64_t DefaultKvCacheBytes();
+
+inline constexpr int kMaxSpeculativeTokens = 4;
+
+// Speculative decoding counters, with vLLM's spec_decode semantics: a draft is one sequence's
+// proposal verified in a step (of one or more tokens).
+struct SpecDecodeStats {
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  // [k]: drafts whose token at position i (0-based) was accepted.
+  std::vector<int64_t> num_accepted_tokens_per_pos;
+};
 
 struct EngineStats {
   int n_running = 0;
@@ -149,6 +166,7 @@ struct EngineStats {
   int64_t preemptions_total = 0;
   std::map<std::string, int64_t> finished_by_reason;
   int64_t steps_total = 0;
+  SpecDecodeStats spec_decode;  // all zero with speculation off
 };
 
 class Engine {

@@ -22,6 +22,7 @@
 #include "runtime/kv_manager.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/scheduler.h"
+#include "runtime/speculative.h"
 
 namespace dsinfer::runtime::engine_detail {
 
@@ -51,6 +52,10 @@ struct Sequence {
   int64_t n_prompt = 0;
   bool forked = false;    // n > 1 copies already made
   bool finished = false;  // its final event is out
+  // Speculative decoding: tokens the MTP block proposes after the last context token, and the
+  // distribution each was drawn from (the sampler's transform of the MTP logits).
+  std::vector<int32_t> drafts;
+  std::vector<TokenDistribution> draft_dists;
 };
 
 // The token a sequence draws from a step's logits, and its logprobs when asked for.
@@ -65,17 +70,25 @@ struct ChunkRun {
   Sequence* seq = nullptr;
   const ScheduledChunk* plan = nullptr;
   bool all_rows = false;  // out.logits holds every row of the chunk, else only the last
+  // Draft tokens run after the context tokens: the plan's n_draft, or fewer when the sequence
+  // has fewer proposed; input holds the chunk's tokens when there are drafts.
+  int n_draft = 0;
+  std::vector<int32_t> input;
   backend::ForwardOutput out;
   std::vector<TokenLogprob> prompt_logprobs;  // one per prompt row of the plan
-  std::optional<Draw> draw;                   // the sampling row's, unless the sequence forks
+  // The sampling row's draw (unless the sequence forks), then one per accepted draft and the
+  // token after them; n_accepted of the n_draft drafts were accepted.
+  std::vector<Draw> draws;
+  int n_accepted = 0;
 
   // The runner returns no rows, the last one, or all of them (the plan's rows are then picked
-  // out): whichever is least that covers the plan's logit rows.
-  backend::ForwardOptions Options() {
+  // out): whichever is least that covers the plan's logit rows. The final streams of every row
+  // come back too with speculation on (the MTP block's input).
+  backend::ForwardOptions Options(bool want_hidden) {
     const auto& rows = plan->logit_rows;
-    const int32_t last = static_cast<int32_t>(plan->n_tokens + plan->n_draft - 1);
+    const int32_t last = static_cast<int32_t>(plan->n_tokens + n_draft - 1);
     all_rows = !rows.empty() && !(rows.size() == 1 && rows[0] == last);
-    return {.all_logits = all_rows, .want_logits = !rows.empty()};
+    return {.all_logits = all_rows, .want_hidden = want_hidden, .want_logits = !rows.empty()};
   }
   // Logits of chunk row `row` (one of the plan's logit rows): [vocab] f32.
   std::span<const float> Row(int32_t row, int64_t vocab) const {
@@ -148,6 +161,7 @@ struct Engine::Impl {
   std::vector<std::pair<SeqId, SeqId>> forks;  // (child, parent), this step
   int64_t steps = 0, prompt_tokens = 0, generation_tokens = 0;
   int64_t cache_queries = 0, cache_hits = 0;
+  SpecDecodeStats spec_stats;
   std::map<std::string, int64_t> finished_by_reason;
 
   Impl(const model::ModelWeights& w, EngineOptions o);
@@ -177,6 +191,12 @@ struct Engine::Impl {
   // s and the logits (the seed, the step, the penalties' history), so the draws of one step run
   // in parallel (DrawAndEmit) and give what each gives alone.
   Draw DrawToken(const Sequence& s, std::span<const float> raw) const;
+  // s's adjusted logits (penalties, bias, min_tokens bans) as if `generated` had been generated.
+  std::vector<float> AdjustedLogits(const Sequence& s, std::span<const float> raw,
+                                    std::span<const int32_t> generated) const;
+  SamplingParams SamplerOf(const Sequence& s) const;
+  // A draw of `token` from the raw logits: the target's logprobs when the request asks.
+  Draw DrawOf(const Sequence& s, std::span<const float> raw, int32_t token) const;
   // The logprob of prompt token `position + 1` from the logits at `position` (also pure).
   TokenLogprob PromptLogprob(const Sequence& s, int64_t position, std::span<const float> raw) const;
   // A new event of s's stream (the request's first one carries the prompt logprobs).
@@ -196,6 +216,18 @@ struct Engine::Impl {
             .n_tokens = static_cast<int64_t>(s.tokens.size()),
             .finished = s.finished};
   }
+  // ---- speculative decoding (engine_speculative.cc) -------------------------------------------
+  bool speculative() const { return options.speculative_tokens > 0; }
+  // The draws of a sampling chunk that ran drafts: the rejection rule row by row (pure, as
+  // DrawToken), the accepted drafts and the token after them; sets r.n_accepted.
+  std::vector<Draw> VerifyDrafts(const Sequence& s, ChunkRun& r) const;
+  // After s's step (run = the chunk that computed its newest positions): rolls back the rejected
+  // draft positions, runs the MTP block over the positions it has not seen (their final streams
+  // are in run.out.hidden) and, when s waits for its next token, proposes the next drafts.
+  // A failure finishes s with the error.
+  void AdvanceDrafts(Sequence& s, const ChunkRun& run);
+  Status ProposeDrafts(Sequence& s, const ChunkRun& run);
+  void CountSpeculation(const ChunkRun& r);
   void PublishStats();
   // Answers the FlushPrefixCache calls waiting (under mu, after incoming was taken).
   void AnswerFlushes();

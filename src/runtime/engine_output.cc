@@ -66,22 +66,38 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
   Emit(s, DrawToken(s, raw));
 }
 
-engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
+std::vector<float> Engine::Impl::AdjustedLogits(const Sequence& s, std::span<const float> raw,
+                                                std::span<const int32_t> generated) const {
   const RequestParams& p = s.req->params;
   std::vector<float> logits(raw.begin(), raw.end());
   std::vector<int32_t> banned;
   const int eos = weights.config().eos_token_id;
-  if (static_cast<int>(s.generated.size()) < p.min_tokens) {
+  if (static_cast<int>(generated.size()) < p.min_tokens) {
     banned = p.stop_token_ids;
     if (!p.ignore_eos) banned.push_back(eos);
   }
   LogitsAdjustments adj{p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
                         &p.logit_bias, &banned};
-  AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), s.generated);
-  SamplingParams sp = p.sampling;
+  AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), generated);
+  return logits;
+}
+
+SamplingParams Engine::Impl::SamplerOf(const Sequence& s) const {
+  SamplingParams sp = s.req->params.sampling;
   sp.seed = SampleSeed(s.req->seed, s.index);
+  return sp;
+}
+
+engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
+  const std::vector<float> logits = AdjustedLogits(s, raw, s.generated);
+  return DrawOf(s, raw, runtime::Sample(logits, SamplerOf(s), s.generated.size()));
+}
+
+engine_detail::Draw Engine::Impl::DrawOf(const Sequence& s, std::span<const float> raw,
+                                         int32_t token) const {
+  const RequestParams& p = s.req->params;
   Draw draw;
-  draw.token = runtime::Sample(logits, sp, s.generated.size());
+  draw.token = token;
   if (p.top_logprobs >= 0) {
     draw.has_logprob = true;
     draw.logprob.token = draw.token;
@@ -161,17 +177,31 @@ void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
     const std::span<const float> logits = r.Row(jobs[k].row, vocab);
     if (jobs[k].slot >= 0)
       r.prompt_logprobs[jobs[k].slot] = PromptLogprob(*r.seq, r.plan->start + jobs[k].row, logits);
+    else if (r.n_draft > 0)
+      r.draws = VerifyDrafts(*r.seq, r);
     else
-      r.draw = DrawToken(*r.seq, logits);
+      r.draws = {DrawToken(*r.seq, logits)};
   });
   for (ChunkRun& r : batch) {
     auto& prompt_logprobs = r.seq->req->prompt_logprobs;
     for (TokenLogprob& lp : r.prompt_logprobs) prompt_logprobs.push_back(std::move(lp));
     if (!r.plan->samples) continue;
-    if (r.draw.has_value())
-      Emit(*r.seq, std::move(*r.draw));
-    else
+    if (!r.draws.empty()) {
+      // Accepted tokens one by one, as without speculation: each is checked for stop and length,
+      // and none is emitted after the sequence finished.
+      CountSpeculation(r);
+      for (Draw& d : r.draws) {
+        if (r.seq->finished) break;
+        Emit(*r.seq, std::move(d));
+      }
+    } else {
+      const size_t first_fork = forks.size();
       Sample(*r.seq, r.Row(static_cast<int32_t>(r.plan->n_tokens - 1), vocab));
+      if (speculative())
+        for (size_t f = first_fork; f < forks.size(); ++f)
+          AdvanceDrafts(*seqs.at(forks[f].first), r);
+    }
+    if (speculative()) AdvanceDrafts(*r.seq, r);
   }
 }
 

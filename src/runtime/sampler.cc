@@ -124,22 +124,7 @@ int32_t SampleTopK(std::span<const float> logits, const SamplingParams& p, float
   double sum = 0.0;
   for (size_t i = 0; i < keep0; ++i) sum += (prob[i] = std::exp((logits[order[i]] - mx) * inv_t));
   for (auto& v : prob) v /= sum;
-  size_t keep = keep0;
-  if (p.min_p > 0.0) {
-    const double floor = p.min_p * prob[0];
-    size_t k = 1;
-    while (k < keep && prob[k] >= floor) ++k;
-    keep = k;
-  }
-  if (p.top_p < 1.0) {
-    double cum = 0.0;
-    size_t k = 0;
-    while (k < keep) {
-      cum += prob[k++];
-      if (cum >= p.top_p) break;
-    }
-    keep = std::max<size_t>(1, k);
-  }
+  const size_t keep = KeptByMinPTopP(prob, p.min_p, p.top_p);
   double total = 0.0;
   for (size_t i = 0; i < keep; ++i) total += prob[i];
   double target = u * total;
@@ -151,6 +136,26 @@ int32_t SampleTopK(std::span<const float> logits, const SamplingParams& p, float
 }
 
 }  // namespace
+
+size_t KeptByMinPTopP(std::span<const double> prob, double min_p, double top_p) {
+  size_t keep = prob.size();
+  if (min_p > 0.0) {
+    const double floor = min_p * prob[0];
+    size_t k = 1;
+    while (k < keep && prob[k] >= floor) ++k;
+    keep = k;
+  }
+  if (top_p < 1.0) {
+    double cum = 0.0;
+    size_t k = 0;
+    while (k < keep) {
+      cum += prob[k++];
+      if (cum >= top_p) break;
+    }
+    keep = std::max<size_t>(1, k);
+  }
+  return keep;
+}
 
 int32_t ArgMax(std::span<const float> logits) {
   if (logits.empty()) return 0;

@@ -3,6 +3,7 @@
 // Thread-compatible.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -49,6 +50,10 @@ float ExpNonPositive(float x);
 
 // Counter-based generator (splitmix64 of seed and counter): reproducible and order-free.
 double UniformFromCounter(uint64_t seed, uint64_t counter);
+
+// The top-k path's cut: of candidates in the sampler's order with probabilities prob (summing
+// to 1, non-empty), how many min_p (against the first) and then top_p keep (at least one).
+size_t KeptByMinPTopP(std::span<const double> prob, double min_p, double top_p);
 
 // Returns the index of the largest logit (lowest index on ties).
 int32_t ArgMax(std::span<const float> logits);

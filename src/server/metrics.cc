@@ -179,6 +179,30 @@ std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_co
   Sample(&out, p + "generation_tokens_total", static_cast<double>(stats.generation_tokens_total));
   Metric(&out, p + "num_preemptions", "counter", "Requests preempted by the scheduler.");
   Sample(&out, p + "num_preemptions_total", static_cast<double>(stats.preemptions_total));
+  const runtime::SpecDecodeStats& spec = stats.spec_decode;
+  if (!spec.num_accepted_tokens_per_pos.empty()) {  // speculative decoding is on
+    // vLLM's spec_decode_* semantics: a draft is one sequence's proposal verified in a step.
+    Metric(&out, p + "spec_decode_num_drafts", "counter", "Speculative drafts verified.");
+    Sample(&out, p + "spec_decode_num_drafts_total", static_cast<double>(spec.num_drafts));
+    Metric(&out, p + "spec_decode_num_draft_tokens", "counter", "Draft tokens proposed.");
+    Sample(&out, p + "spec_decode_num_draft_tokens_total",
+           static_cast<double>(spec.num_draft_tokens));
+    Metric(&out, p + "spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted.");
+    Sample(&out, p + "spec_decode_num_accepted_tokens_total",
+           static_cast<double>(spec.num_accepted_tokens));
+    Metric(&out, p + "spec_decode_num_accepted_tokens_per_pos", "counter",
+           "Draft tokens accepted, by position in the draft (0-based).");
+    for (size_t i = 0; i < spec.num_accepted_tokens_per_pos.size(); ++i)
+      Sample(&out, p + "spec_decode_num_accepted_tokens_per_pos_total",
+             static_cast<double>(spec.num_accepted_tokens_per_pos[i]),
+             "position=\"" + std::to_string(i) + "\"");
+    Metric(&out, p + "spec_decode_mean_acceptance_length", "gauge",
+           "Tokens emitted per verified draft: 1 + accepted / drafts (1 when none yet).");
+    Sample(&out, p + "spec_decode_mean_acceptance_length",
+           1.0 + (spec.num_drafts > 0 ? static_cast<double>(spec.num_accepted_tokens) /
+                                            static_cast<double>(spec.num_drafts)
+                                      : 0.0));
+  }
   Metric(&out, p + "http_open_connections", "gauge", "Open HTTP connections.");
   Sample(&out, p + "http_open_connections", open_connections);
 

@@ -11,8 +11,15 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$dsinfer" create-demo-model "$work/model" --preset tiny-a --seed 3 >/dev/null
 "$dsinfer" bench model --model "$work/model" --context 16,48,100000000 --batch 1,3 --decode 2 \
-  --repeats 1 --mixed-chunk 8 --threads 2 --memory 200000000 --csv "$work/out.csv" >"$work/out.txt"
+  --repeats 1 --mixed-chunk 8 --verify 2 --threads 2 --memory 200000000 --csv "$work/out.csv" \
+  >"$work/out.txt"
 cat "$work/out.txt"
+# --verify: the (k + 1)-row verify steps against the 1-row step, at every batch and frontier.
+for b in "  1" "  3"; do
+  for k in 0 1 2; do
+    grep -q "^verify  batch $b context     48: k $k ($((k + 1)) rows/seq): step .* the 1-row step, reads .* MB  a=0.5: " "$work/out.txt"
+  done
+done
 grep -q "context 100000000 skipped: batch 3 needs" "$work/out.txt"
 grep -q "^peak resident memory: " "$work/out.txt"
 grep -q "^sequence state at context 48: .* KB/token" "$work/out.txt"

@@ -48,6 +48,7 @@ class ScriptedEngine final : public EnginePort {
   std::atomic<int> cancelled_seen{0};
   std::atomic<int64_t> last_cancel_latency_ms{-1};
   runtime::RequestParams last_params;
+  runtime::SpecDecodeStats spec_decode;
 
   ~ScriptedEngine() override {
     for (auto& t : threads_) t.join();
@@ -101,6 +102,7 @@ class ScriptedEngine final : public EnginePort {
     runtime::EngineStats s;
     s.prefix_cache_queries = 10;
     s.prefix_cache_hits = 4;
+    s.spec_decode = spec_decode;
     return s;
   }
   bool ready() const override { return true; }
@@ -503,6 +505,26 @@ TEST_F(ServiceTest, MetricsUseVllmNames) {
         "dsinfer:e2e_request_latency_seconds_bucket",
         "dsinfer:request_success_total{finished_reason=\"stop\"} 1"})
     EXPECT_NE(m.body.find(name), std::string::npos) << name;
+}
+
+TEST_F(ServiceTest, MetricsReportSpeculativeDecodingWhenItIsOn) {
+  HttpReply off = Request(port_, "GET", "/metrics", "");
+  ASSERT_EQ(off.status, 200);
+  EXPECT_EQ(off.body.find("spec_decode"), std::string::npos);
+  engine_.spec_decode = {.num_drafts = 10,
+                         .num_draft_tokens = 30,
+                         .num_accepted_tokens = 20,
+                         .num_accepted_tokens_per_pos = {8, 7, 5}};
+  HttpReply m = Request(port_, "GET", "/metrics", "");
+  ASSERT_EQ(m.status, 200);
+  for (const char* line :
+       {"dsinfer:spec_decode_num_drafts_total 10\n",
+        "dsinfer:spec_decode_num_draft_tokens_total 30\n",
+        "dsinfer:spec_decode_num_accepted_tokens_total 20\n",
+        "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 8\n",
+        "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 5\n",
+        "dsinfer:spec_decode_mean_acceptance_length 3\n"})
+    EXPECT_NE(m.body.find(line), std::string::npos) << line;
 }
 
 // HEAD gets a GET's status and headers, Content-Length included, and no body, so kept-alive

@@ -112,12 +112,26 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
 
 Status CpuModel::ForwardMtp(SequenceState& state, std::span<const float> hidden,
                             std::span<const int32_t> next_tokens, std::vector<float>* logits) {
+  if (logits == nullptr) return InvalidArgument("ForwardMtp: no logits output");
+  return RunMtp(state, hidden, next_tokens, logits, false, nullptr);
+}
+
+Status CpuModel::ForwardMtpLast(SequenceState& state, std::span<const float> hidden,
+                                std::span<const int32_t> next_tokens, std::vector<float>* logits,
+                                std::vector<float>* last_hidden) {
+  return RunMtp(state, hidden, next_tokens, logits, true, last_hidden);
+}
+
+Status CpuModel::RunMtp(SequenceState& state, std::span<const float> hidden,
+                        std::span<const int32_t> next_tokens, std::vector<float>* logits,
+                        bool last_row_logits, std::vector<float>* last_hidden) {
   DSINFER_RETURN_IF_ERROR(program_.CheckMtpInputs(next_tokens, hidden));
   const int64_t n = static_cast<int64_t>(next_tokens.size());
   if (&state.layout() != &layout_)
     return InvalidArgument("ForwardMtp: the sequence state belongs to another model");
   const Segment seg{0, n, state.mtp_n_tokens(), &state};
-  DSINFER_RETURN_IF_ERROR(program_.Mtp(ops_, 0, seg, next_tokens, hidden, logits));
+  DSINFER_RETURN_IF_ERROR(
+      program_.Mtp(ops_, 0, seg, next_tokens, hidden, logits, last_row_logits, last_hidden));
   state.AdvanceMtp(state.mtp_n_tokens() + n);
   return Status::Ok();
 }

@@ -84,9 +84,17 @@ class CpuModel {
   // Returns logits [n, vocab] predicting the tokens at p+2..p+n+1. Advances the MTP stream.
   Status ForwardMtp(SequenceState& state, std::span<const float> hidden,
                     std::span<const int32_t> next_tokens, std::vector<float>* logits);
+  // The same for speculative drafting: logits of the last row only [1, vocab] (none when null)
+  // and the block's final streams of the last row [hc, hidden] (the chained draft's input).
+  Status ForwardMtpLast(SequenceState& state, std::span<const float> hidden,
+                        std::span<const int32_t> next_tokens, std::vector<float>* logits,
+                        std::vector<float>* last_hidden);
 
   // State operations (sequence_state.h).
   Status Truncate(SequenceState& state, int64_t n_tokens) const { return state.Truncate(n_tokens); }
+  Status TruncateMtp(SequenceState& state, int64_t n_tokens) const {
+    return state.TruncateMtp(n_tokens);
+  }
   Result<std::vector<uint8_t>> Export(const SequenceState& state, std::span<const int32_t> tokens,
                                       int64_t first_page = 0) const;
   Result<std::unique_ptr<SequenceState>> Import(std::span<const uint8_t> blob,
@@ -96,6 +104,9 @@ class CpuModel {
  private:
   CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool,
            model::StateLayout layout, std::shared_ptr<PageAllocator> pages);
+  Status RunMtp(SequenceState& state, std::span<const float> hidden,
+                std::span<const int32_t> next_tokens, std::vector<float>* logits,
+                bool last_row_logits, std::vector<float>* last_hidden);
 
   const model::ModelWeights& weights_;
   Numerics numerics_;

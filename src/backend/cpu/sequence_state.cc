@@ -31,7 +31,7 @@ SequenceState::SequenceState(const model::StateLayout& layout,
 }
 
 void SequenceState::Reset() {
-  n_tokens_ = mtp_n_tokens_ = history_start_ = 0;
+  n_tokens_ = mtp_n_tokens_ = history_start_ = mtp_history_start_ = 0;
   pages_.clear();
   if (rollback_tokens_ == layout_->rollback_tokens) return;  // rings already full size
   *this = SequenceState(*layout_, allocator_);
@@ -111,6 +111,24 @@ Status SequenceState::Truncate(int64_t n) {
   return Status::Ok();
 }
 
+int64_t SequenceState::mtp_rollback_floor() const {
+  return std::max<int64_t>({0, mtp_history_start_, mtp_n_tokens_ - rollback_tokens_});
+}
+
+Status SequenceState::TruncateMtp(int64_t n) {
+  if (n < mtp_rollback_floor() || n > mtp_n_tokens_)
+    return OutOfRange("TruncateMtp to " + std::to_string(n) +
+                      " positions: the MTP stream can go "
+                      "back to " +
+                      std::to_string(mtp_rollback_floor()) +
+                      " at the earliest (it "
+                      "holds " +
+                      std::to_string(mtp_n_tokens_) + ")");
+  // As Truncate: ring slots past n are no longer visible and are overwritten when written again.
+  mtp_n_tokens_ = n;
+  return Status::Ok();
+}
+
 void SequenceState::CopyBoundary(SequenceState& to) const {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const model::LayerStateLayout& ll = layout_->layers[l];
@@ -137,6 +155,7 @@ std::unique_ptr<SequenceState> SequenceState::Copy() const {
   s->n_tokens_ = n_tokens_;
   s->mtp_n_tokens_ = mtp_n_tokens_;
   s->history_start_ = n_tokens_;
+  s->mtp_history_start_ = mtp_n_tokens_;
   s->pages_ = pages_;
   CopyBoundary(*s);
   return s;
@@ -304,6 +323,7 @@ Result<std::unique_ptr<SequenceState>> SequenceState::Import(
   s->n_tokens_ = h.end_pos;
   s->mtp_n_tokens_ = h.mtp_end_pos;
   s->history_start_ = h.end_pos;
+  s->mtp_history_start_ = h.mtp_end_pos;
   for (int64_t m = 0; m < h.first_page; ++m) s->pages_.push_back(base->pages_[m]);
   const uint8_t* at = d.payload.data();
   for (int64_t m = h.first_page; m < end_page; ++m, at += layout.page_bytes) {

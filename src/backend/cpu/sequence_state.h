@@ -75,6 +75,10 @@ class SequenceState final : public RunnerState {
   // Back to n tokens (rollback_floor() <= n <= n_tokens()); the MTP stream follows (it runs one
   // position behind: at most n - 1 positions).
   Status Truncate(int64_t n);
+  // The MTP stream alone back to n positions (speculative drafts chained past the backbone):
+  // mtp_rollback_floor() <= n <= mtp_n_tokens(); the backbone is untouched.
+  Status TruncateMtp(int64_t n);
+  int64_t mtp_rollback_floor() const;
   // An exact copy sharing every page: stepping it gives the same bits as stepping this.
   std::unique_ptr<SequenceState> Copy() const;
   // A copy that keeps only the boundary the next position needs (no rollback): what a
@@ -112,6 +116,7 @@ class SequenceState final : public RunnerState {
   int64_t n_tokens_ = 0;
   int64_t mtp_n_tokens_ = 0;
   int64_t history_start_ = 0;  // positions before this have no boundary rows (restore point)
+  int64_t mtp_history_start_ = 0;  // the same for the MTP stream
   int rollback_tokens_ = 0;    // how far back from n the boundary reaches
   std::vector<PageRef> pages_;
   std::vector<LayerState> layers_;  // backbone, then MTP
