@@ -69,7 +69,8 @@ offline=(env HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1)
 # AIPerf: each endpoint streamed, 6 requests at concurrency 2; no request errors, the server's
 # /metrics collected, and no warning beyond what a CPU machine and client-side retokenisation
 # cause (GPU telemetry unreachable, output/usage token counts that differ after retokenising,
-# and transformers noting that torch is absent: AIPerf uses it only for the tokenizer).
+# transformers noting that torch is absent: AIPerf uses it only for the tokenizer, and AIPerf's
+# monitor of its own event loop, which lags when the 2-core machine is busy: client-side only).
 for endpoint in chat completions; do
   out="$work/aiperf-$endpoint"
   if ! timeout 300 "$venv/bin/aiperf" profile --model dsinfer-test --url "$url" \
@@ -89,7 +90,8 @@ server = open(out + "/server_metrics_export.json").read()
 ok = True
 if "dsinfer:time_to_first_token_seconds" not in server:
     print("server metrics were not collected"); ok = False
-allowed = ("GPU Telemetry", "OSL mismatch", "Token Count Discrepancy", "PyTorch was not found")
+allowed = ("GPU Telemetry", "OSL mismatch", "Token Count Discrepancy", "PyTorch was not found",
+           "is taking too long to run")
 for line in open(log):
     if (" WARNING " in line or " ERROR " in line) and not any(a in line for a in allowed):
         print("unexpected:", line.strip()); ok = False
