@@ -370,7 +370,7 @@ TEST(KvTier, EvictionKeepsTheDirectoryUnderBudgetWhileTheWorkingSetChurns) {
   const int64_t budget = int64_t{1} << 20;
   auto engine = MakeEngine(Disk(dir.path, budget, int64_t{512} << 10));
   // 24 distinct prefixes, the hot tier flushed after each; the RSS after 8 is the baseline.
-  // DSINFER_KV_CHURN_SECONDS (the `heavy` ctest entry: 600) keeps churning new prefixes that long.
+  // DSINFER_KV_CHURN_SECONDS (the `soak` ctest entry: 600) keeps churning new prefixes that long.
   const char* seconds_env = std::getenv("DSINFER_KV_CHURN_SECONDS");
   const double seconds = seconds_env != nullptr ? std::atof(seconds_env) : 0;
   const auto t0 = std::chrono::steady_clock::now();

@@ -2,7 +2,7 @@
 // distribution on synthetic p / q pairs; SamplingDistribution is the distribution Sample draws
 // from; and end to end, the first three generated tokens have the same distribution with and
 // without speculation for six sampler settings (chi-square homogeneity at alpha = 1e-3;
-// DSINFER_SPEC_CHI2_DRAWS sets the draws per side, the `heavy` ctest entry runs 200k).
+// DSINFER_SPEC_CHI2_DRAWS sets the draws per side, the `soak` ctest entry runs 200k).
 #include <gtest/gtest.h>
 
 #include <cstdio>
