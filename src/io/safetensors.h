@@ -141,6 +141,9 @@ class SafetensorsWriter {
   // Writes the header; afterwards call Write() once per declared tensor, in declaration order.
   Status Begin(const std::string& path);
   Status Write(const std::string& name, std::span<const uint8_t> bytes);
+  // Writes the next declared tensor as zeros without writing them: the file gets a hole there
+  // (sparse where the filesystem supports it), so huge all-zero tensors cost no disk.
+  Status WriteZeros(const std::string& name);
   // Flushes and closes; reports write errors the buffered writes deferred (e.g. disk full).
   Status Finish();
   uint64_t DataBytes() const;
