@@ -20,6 +20,11 @@ endif()
 if(DSINFER_NATIVE)
   target_compile_options(dsinfer_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
 endif()
+# No floating-point contraction: GCC fuses a * b + c into an FMA wherever it likes (even in ISO
+# mode), and where it likes depends on inlining, so the same source gave different logits at -O3
+# (Release) and -O2 (the sanitizer build). Every FMA the kernels want is an explicit intrinsic or
+# std::fma; scalar code computes exactly what it says, in every build (docs/NUMERICS.md).
+target_compile_options(dsinfer_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
 if(DSINFER_SANITIZE)
   # GCC's -Wmaybe-uninitialized misfires on Boost.Beast's optional<> internals once the
   # sanitizers change inlining; it stays on in the regular (-O3, -Werror) build.

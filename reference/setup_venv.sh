@@ -10,5 +10,7 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --upgrade pip
 # CPU wheels are enough: every oracle runs on CPU in fp32.
 "$venv/bin/pip" install -r "$here/requirements.txt"
+# deepseek-recipe (pinned): the chat fixtures' oracle (reference/chat/gen_*_fixtures.py).
+"$venv/bin/pip" install -r "$here/chat/requirements.txt"
 "$venv/bin/python" "$here/hf_oracle.py" probe
 echo "oracle venv ready: $venv/bin/python"

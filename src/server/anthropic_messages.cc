@@ -7,22 +7,39 @@
 namespace dsinfer::server {
 namespace {
 
+// What deepseek-recipe's Messages converter writes for a document block it cannot read.
+Result<std::string> DocumentText(const Json& block, const std::string& path) {
+  const Json* source = block.contains("source") ? &block["source"] : nullptr;
+  DSINFER_ASSIGN_OR_RETURN(
+      std::string media_type,
+      StringField(source ? *source : Json(), "media_type", path + ".source", "unknown"));
+  return "[Unsupported document type: " + media_type + "]";
+}
+
+// Text of a block list (text and document blocks), joined by blank lines as the official
+// converter joins them; an image is refused (422).
 Result<std::string> BlocksText(const Json& content, const std::string& path) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array())
     return InvalidArgument(path + ": must be a string or an array of blocks");
   std::string out;
-  for (const auto& block : content) {
-    if (!block.is_object()) return InvalidArgument(path + ": blocks must be objects");
-    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", path));
+  for (size_t i = 0; i < content.size(); ++i) {
+    const Json& block = content[i];
+    const std::string bpath = path + "[" + std::to_string(i) + "]";
+    if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", bpath));
+    if (i) out += "\n\n";
     if (type == "text") {
       if (!block.contains("text") || !block["text"].is_string())
-        return InvalidArgument(path + ": text block needs a string 'text'");
+        return InvalidArgument(bpath + ".text: must be a string");
       out += block["text"].get<std::string>();
     } else if (type == "document") {
-      out += "[document]";  // placeholder, as the reference converter does
+      DSINFER_ASSIGN_OR_RETURN(std::string text, DocumentText(block, bpath));
+      out += text;
+    } else if (type == "image") {
+      return Unimplemented(bpath + ": image input is not supported by this model");
     } else {
-      return InvalidArgument(path + ": unsupported block type '" + type + "'");
+      return InvalidArgument(bpath + ": unsupported block type '" + type + "'");
     }
   }
   return out;
@@ -38,23 +55,53 @@ Json AnthropicUsage(const runtime::Usage& u) {
 std::string StopReason(const SampleOutput& s) {
   if (s.stopped_by_sequence) return "stop_sequence";
   if (s.engine_finish == runtime::FinishReason::kLength) return "max_tokens";
-  if (!s.tool_calls.empty()) return "tool_use";
+  if (s.tool_calls > 0) return "tool_use";
   return "end_turn";
 }
 
-class MessagesStream final : public GenerationObserver {
+// A tool call's input object: its arguments when they are a JSON object; otherwise (truncated or
+// malformed arguments) the raw text under "arguments", so nothing the model wrote is lost.
+Json ToolInput(const std::string& arguments) {
+  Json input = Json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  if (input.is_discarded() || !input.is_object()) input = Json{{"arguments", arguments}};
+  return input;
+}
+
+// The Messages result builder: the content blocks (thinking, text, tool_use) as they arrive;
+// streaming, also their events. A tool_use block's input is sent whole when the block closes
+// (one input_json_delta), because only then is it known whether the arguments form a JSON
+// object: the stream and the final message then carry the same input.
+class MessageResult final : public GenerationObserver {
  public:
-  MessagesStream(ResponseSink& sink, std::string id) : sink_(sink), id_(std::move(id)) {}
-  bool Event(const std::string& type, Json data) {
-    Json ordered = {{"type", type}};
-    for (auto& [k, v] : data.items()) ordered[k] = v;
-    return sink_.WriteChunk(SseEvent(type, ordered));
+  MessageResult(ResponseSink& sink, bool streaming, std::string id, std::string model)
+      : sink_(sink), streaming_(streaming), id_(std::move(id)), model_(std::move(model)) {}
+  void set_generation(const Generation* g) { generation_ = g; }
+
+  // Streaming: the head and message_start. The cache split is known only once the engine
+  // schedules the prompt; message_delta carries it.
+  bool Begin(int64_t prompt_tokens) {
+    if (!streaming_) return true;
+    if (!sink_.BeginStream(200, "text/event-stream", SseHeaders(id_))) return false;
+    Json usage = {{"input_tokens", prompt_tokens},
+                  {"output_tokens", 1},
+                  {"cache_creation_input_tokens", 0},
+                  {"cache_read_input_tokens", 0}};
+    Json message = {{"id", id_},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", model_},
+                    {"content", Json::array()},
+                    {"stop_reason", nullptr},
+                    {"stop_sequence", nullptr},
+                    {"usage", usage}};
+    return Event("message_start", {{"message", message}});
   }
+
   bool OnDelta(int, const OutputDelta& d, std::span<const runtime::TokenLogprob>) override {
     using K = OutputDelta::Kind;
-    std::string want = d.kind == K::kReasoning ? "thinking"
-                       : d.kind == K::kContent ? "text"
-                                               : "tool_use";
+    const std::string want = d.kind == K::kReasoning ? "thinking"
+                             : d.kind == K::kContent ? "text"
+                                                     : "tool_use";
     bool ok = true;
     if (d.kind == K::kToolCallStart || open_ != want) {
       ok = CloseBlock();
@@ -68,46 +115,127 @@ class MessagesStream final : public GenerationObserver {
                  {"id", ToolId(d.tool_index)},
                  {"name", d.text},
                  {"input", Json::object()}};
-      ok = ok && Event("content_block_start", {{"index", index_}, {"content_block", block}});
-      if (want == "thinking") ok = ok && Event("ping", Json::object());
-      open_ = want;
+      ok = ok && OpenBlock(block);
     }
     if (d.kind == K::kToolCallStart) return ok;
-    Json delta;
-    if (d.kind == K::kReasoning)
-      delta = {{"type", "thinking_delta"}, {"thinking", d.text}};
-    else if (d.kind == K::kContent)
-      delta = {{"type", "text_delta"}, {"text", d.text}};
-    else
-      delta = {{"type", "input_json_delta"}, {"partial_json", d.text}};
-    return ok && Event("content_block_delta", {{"index", index_}, {"delta", delta}});
+    Json& block = content_.back();
+    const int index = static_cast<int>(content_.size()) - 1;
+    if (d.kind == K::kToolCallArguments) {
+      arguments_ += d.text;
+      return ok;
+    }
+    const char* field = d.kind == K::kReasoning ? "thinking" : "text";
+    block[field] = block[field].get<std::string>() + d.text;
+    Json delta = d.kind == K::kReasoning ? Json{{"type", "thinking_delta"}, {"thinking", d.text}}
+                                         : Json{{"type", "text_delta"}, {"text", d.text}};
+    return ok && Event("content_block_delta", {{"index", index}, {"delta", delta}});
   }
+
   bool OnIdle() override { return Event("ping", Json::object()); }
-  bool CloseBlock() {
-    if (open_.empty()) return true;
-    bool ok = true;
-    // Clients send thinking blocks back with their signature; ours is the message id.
-    if (open_ == "thinking")
-      ok = Event("content_block_delta",
-                 {{"index", index_}, {"delta", {{"type", "signature_delta"}, {"signature", id_}}}});
-    ok = ok && Event("content_block_stop", {{"index", index_}});
-    open_.clear();
-    ++index_;
+
+  // Closes the open block; when a finished answer has neither text nor a tool call (the model
+  // stopped at once, or only reasoned), adds an empty text block, as the API's clients expect one.
+  void Complete(GenerationEnd end) {
+    CloseBlock();
+    if (end == GenerationEnd::kError) return;
+    for (const auto& block : content_)
+      if (block["type"] != "thinking") return;
+    OpenBlock({{"type", "text"}, {"text", ""}});
+    CloseBlock();
+  }
+
+  Json StopSequence(const SampleOutput& s) const {
+    return s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr);
+  }
+
+  // Streaming: message_delta and message_stop, or the error event.
+  void FinishStream(GenerationEnd end) {
+    if (end == GenerationEnd::kError) {
+      sink_.WriteChunk(SseEvent(
+          "error", ErrorBody(GenerationFailed(generation_->error()), ApiFlavor::kAnthropic)));
+      sink_.EndStream();
+      return;
+    }
+    const SampleOutput& s = generation_->samples()[0];
+    Event("message_delta",
+          {{"delta", {{"stop_reason", StopReason(s)}, {"stop_sequence", StopSequence(s)}}},
+           {"usage", AnthropicUsage(generation_->usage())}});
+    Event("message_stop", Json::object());
+    sink_.EndStream();
+  }
+
+  Json Response() const {
+    const SampleOutput& s = generation_->samples()[0];
+    return Json{{"id", id_},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", model_},
+                {"content", content_},
+                {"stop_reason", StopReason(s)},
+                {"stop_sequence", StopSequence(s)},
+                {"usage", AnthropicUsage(generation_->usage())}};
+  }
+
+ private:
+  bool Event(const std::string& type, Json data) {
+    if (!streaming_) return true;
+    Json ordered = {{"type", type}};
+    for (auto& [k, v] : data.items()) ordered[k] = v;
+    return sink_.WriteChunk(SseEvent(type, ordered));
+  }
+
+  bool OpenBlock(Json block) {
+    open_ = block["type"];
+    content_.push_back(std::move(block));
+    const int index = static_cast<int>(content_.size()) - 1;
+    bool ok = Event("content_block_start", {{"index", index}, {"content_block", content_.back()}});
+    if (open_ == "thinking") ok = ok && Event("ping", Json::object());
     return ok;
   }
+
+  bool CloseBlock() {
+    if (open_.empty()) return true;
+    Json& block = content_.back();
+    const int index = static_cast<int>(content_.size()) - 1;
+    bool ok = true;
+    if (open_ == "thinking") {
+      // Clients send thinking blocks back with their signature; ours is the message id.
+      block["signature"] = id_;
+      ok = Event("content_block_delta",
+                 {{"index", index}, {"delta", {{"type", "signature_delta"}, {"signature", id_}}}});
+    } else if (open_ == "tool_use") {
+      block["input"] = ToolInput(arguments_);
+      arguments_.clear();
+      ok = Event(
+          "content_block_delta",
+          {{"index", index},
+           {"delta", {{"type", "input_json_delta"}, {"partial_json", Dump(block["input"])}}}});
+    }
+    ok = ok && Event("content_block_stop", {{"index", index}});
+    open_.clear();
+    return ok;
+  }
+
   std::string ToolId(int index) const {
     return "toolu_" + id_.substr(4) + "_" + std::to_string(index);
   }
 
- private:
   ResponseSink& sink_;
-  std::string id_;
-  std::string open_;  // type of the open content block ("" when none)
-  int index_ = 0;
+  const bool streaming_;
+  const std::string id_;
+  const std::string model_;
+  const Generation* generation_ = nullptr;
+  Json content_ = Json::array();
+  std::string open_;       // type of the open content block ("" when none)
+  std::string arguments_;  // the open tool_use block's arguments so far
 };
 
 }  // namespace
 
+// Follows deepseek-recipe's MessagesRequest conversion: text blocks joined by blank lines, a
+// user message's tool_result blocks first (as tool messages) and its other blocks after them,
+// tool_choice "any" as "auto" (the converter forces only a named tool), thinking "adaptive" as
+// enabled.
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   (void)default_thinking;
   Json messages = Json::array();
@@ -119,6 +247,7 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   auto input = body.find("messages");
   if (input == body.end() || !input->is_array())
     return InvalidArgument("messages: must be an array");
+  if (input->empty()) return InvalidArgument("messages: must not be empty");
   for (size_t i = 0; i < input->size(); ++i) {
     const Json& msg = (*input)[i];
     const std::string path = "messages[" + std::to_string(i) + "]";
@@ -134,51 +263,60 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
     }
     if (!content->is_array())
       return InvalidArgument(path + ".content: must be a string or an array of blocks");
-    Json out = {{"role", role}, {"content", ""}};
+    if (content->empty()) return InvalidArgument(path + ".content: must not be empty");
     std::string text, reasoning;
-    bool has_reasoning = false;
+    bool has_text = false, has_reasoning = false;
     Json tool_calls = Json::array();
     for (size_t b = 0; b < content->size(); ++b) {
       const Json& block = (*content)[b];
       const std::string bpath = path + ".content[" + std::to_string(b) + "]";
       if (!block.is_object()) return InvalidArgument(bpath + ": must be an object");
       DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(block, "type", bpath));
+      std::string piece;
       if (type == "text") {
         if (!block.contains("text") || !block["text"].is_string())
           return InvalidArgument(bpath + ".text: must be a string");
-        text += block["text"].get<std::string>();
+        piece = block["text"].get<std::string>();
+      } else if (type == "document") {
+        DSINFER_ASSIGN_OR_RETURN(piece, DocumentText(block, bpath));
+      } else if (type == "image") {
+        return Unimplemented(bpath + ": image input is not supported by this model");
       } else if (type == "thinking" && role == "assistant") {
-        if (block.contains("thinking") && block["thinking"].is_string())
-          reasoning += block["thinking"].get<std::string>();
+        DSINFER_ASSIGN_OR_RETURN(std::string thinking, StringField(block, "thinking", bpath));
+        reasoning += thinking;
         has_reasoning = true;  // any signature is accepted: they are not portable
-      } else if (type == "redacted_thinking") {
         continue;
       } else if (type == "tool_use" && role == "assistant") {
         if (!block.contains("name") || !block["name"].is_string())
           return InvalidArgument(bpath + ".name: must be a string");
         Json input_obj = block.value("input", Json::object());
+        if (!input_obj.is_object()) return InvalidArgument(bpath + ".input: must be an object");
         DSINFER_ASSIGN_OR_RETURN(std::string id, StringField(block, "id", bpath));
         tool_calls.push_back(
             {{"id", id},
              {"type", "function"},
              {"function", {{"name", block["name"]}, {"arguments", Dump(input_obj)}}}});
+        continue;
       } else if (type == "tool_result" && role == "user") {
+        if (has_text)
+          return InvalidArgument(bpath + ": tool_result blocks must come before other content");
         std::string result;
         if (block.contains("content") && !block["content"].is_null()) {
           DSINFER_ASSIGN_OR_RETURN(result, BlocksText(block["content"], bpath + ".content"));
         }
         DSINFER_ASSIGN_OR_RETURN(std::string tool_use_id, StringField(block, "tool_use_id", bpath));
         messages.push_back({{"role", "tool"}, {"tool_call_id", tool_use_id}, {"content", result}});
-      } else if (type == "image") {
-        return Unimplemented(bpath + ": image input is not supported by this model");
-      } else if (type == "document") {
-        text += "[document]";
+        continue;
       } else {
-        return InvalidArgument(bpath + ": unsupported block type '" + type + "'");
+        return InvalidArgument(bpath + ": unsupported block type '" + type + "' in a " + role +
+                               " message");
       }
+      if (has_text) text += "\n\n";
+      text += piece;
+      has_text = true;
     }
-    if (role == "user" && text.empty()) continue;  // only tool results
-    out["content"] = text;
+    if (role == "user" && !has_text) continue;  // only tool results
+    Json out = {{"role", role}, {"content", text}};
     if (has_reasoning) out["reasoning_content"] = reasoning;
     if (!tool_calls.empty()) out["tool_calls"] = tool_calls;
     messages.push_back(out);
@@ -193,7 +331,8 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
       const std::string tpath = "tools[" + std::to_string(i) + "]";
       if (!t.is_object()) return InvalidArgument(tpath + ": must be an object");
       DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(t, "type", tpath, "custom"));
-      if (type.rfind("web_search", 0) == 0) continue;  // server tools are not offered
+      if (type.rfind("web_search", 0) == 0)
+        return Unimplemented(tpath + ": server tools (web_search) are not supported");
       DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(t, "name", tpath));
       Json fn = {{"name", name}};
       if (t.contains("description")) fn["description"] = t["description"];
@@ -203,21 +342,29 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
     chat["tools"] = converted;
   }
   auto choice = body.find("tool_choice");
-  if (choice != body.end() && choice->is_object()) {
+  if (choice != body.end() && !choice->is_null()) {
+    if (!choice->is_object()) return InvalidArgument("tool_choice: must be an object");
     DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(*choice, "type", "tool_choice", "auto"));
-    DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(*choice, "name", "tool_choice"));
-    if (type == "any")
-      chat["tool_choice"] = "required";
-    else if (type == "none")
+    if (type == "none") {
       chat["tool_choice"] = "none";
-    else if (type == "tool")
+    } else if (type == "tool") {
+      DSINFER_ASSIGN_OR_RETURN(std::string name, StringField(*choice, "name", "tool_choice"));
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
-    else
+    } else if (type == "auto" || type == "any") {
       chat["tool_choice"] = "auto";
+    } else {
+      return InvalidArgument("tool_choice.type: unknown value '" + type + "'");
+    }
   }
   auto thinking = body.find("thinking");
-  if (thinking != body.end() && thinking->is_object()) {
-    std::string type = thinking->value("type", "");
+  if (thinking != body.end() && !thinking->is_null()) {
+    if (!thinking->is_object()) return InvalidArgument("thinking: must be an object");
+    DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(*thinking, "type", "thinking"));
+    auto budget = OptInt(*thinking, "budget_tokens");
+    if (!budget.ok() || (*budget && **budget < 0))
+      return InvalidArgument("thinking.budget_tokens: must be a non-negative integer");
+    if (type != "enabled" && type != "disabled" && type != "adaptive")
+      return InvalidArgument("thinking.type: unknown value '" + type + "'");
     chat["thinking"] = {{"type", type == "disabled" ? "disabled" : "enabled"}};
   }
   auto output_config = body.find("output_config");
@@ -234,8 +381,9 @@ namespace {
 
 Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
   DSINFER_ASSIGN_OR_RETURN(Json chat_json, MessagesToChatJson(body, core.options.default_thinking));
-  DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJson(Dump(chat_json), core.model.version,
-                                                                core.options.default_thinking));
+  DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJsonValue(chat_json, core.model.version,
+                                                                     core.options.default_thinking,
+                                                                     /*keep_empty_system=*/true));
   return core.EncodeChat(chat);
 }
 
@@ -243,11 +391,8 @@ Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
 
 void HandleCountTokens(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kAnthropic;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
   SendJson(sink, 200, Json{{"input_tokens", encoded->ids.size()}});
@@ -256,11 +401,8 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
 void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kAnthropic;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   auto stream = OptBool(*body, "stream");
   if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);
   auto max_tokens = OptInt(*body, "max_tokens");
@@ -271,11 +413,12 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   for (const auto& s : *stops)
     if (s.empty())
       return SendError(sink, BadRequest("stop_sequences: must not contain empty strings"), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  auto resolved_max =
+      core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("msg_");
@@ -291,77 +434,21 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
-  Generation& g = **generation;
-  const std::string model_name = model->value_or(core.options.served_model_name);
-
-  if (stream->value_or(false)) {
-    MessagesStream events(sink, id);
-    if (!sink.BeginStream(200, "text/event-stream", SseHeaders(id))) return;
-    // The cache split is known only once the engine schedules the prompt; message_delta carries it.
-    Json start_usage_json = {{"input_tokens", prompt_tokens},
-                             {"output_tokens", 1},
-                             {"cache_creation_input_tokens", 0},
-                             {"cache_read_input_tokens", 0}};
-    Json message = {{"id", id},
-                    {"type", "message"},
-                    {"role", "assistant"},
-                    {"model", model_name},
-                    {"content", Json::array()},
-                    {"stop_reason", nullptr},
-                    {"stop_sequence", nullptr},
-                    {"usage", start_usage_json}};
-    if (!events.Event("message_start", {{"message", message}})) return;
-    GenerationEnd end = g.Run(&events, &sink);
-    if (end == GenerationEnd::kClientGone) return;
-    events.CloseBlock();
-    if (end == GenerationEnd::kError) {
-      ApiError e = GenerationFailed(g.error());
-      sink.WriteChunk(SseEvent("error", ErrorBody(e, flavor)));
-      sink.EndStream();
-      return;
-    }
-    const SampleOutput& s = g.samples()[0];
-    Json usage = AnthropicUsage(g.usage());
-    events.Event(
-        "message_delta",
-        {{"delta",
-          {{"stop_reason", StopReason(s)},
-           {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)}}},
-         {"usage", usage}});
-    events.Event("message_stop", Json::object());
-    sink.EndStream();
-    return;
-  }
-  GenerationEnd end = g.Run(nullptr, &sink);
+  const bool streaming = stream->value_or(false);
+  // Anthropic clients see the model name they asked for (claude-* names map to the served model).
+  const std::string model_name = body->contains("model") && (*body)["model"].is_string()
+                                     ? (*body)["model"].get<std::string>()
+                                     : core.options.served_model_name;
+  MessageResult result(sink, streaming, id, model_name);
+  result.set_generation(generation->get());
+  if (!result.Begin(prompt_tokens)) return;
+  const GenerationEnd end = (*generation)->Run(result, &sink);
   if (end == GenerationEnd::kClientGone) return;
-  if (end == GenerationEnd::kError) {
-    ApiError e = GenerationFailed(g.error());
-    return SendError(sink, e, flavor);
-  }
-  const SampleOutput& s = g.samples()[0];
-  Json content = Json::array();
-  if (encoded->thinking && !s.reasoning.empty())
-    content.push_back({{"type", "thinking"}, {"thinking", s.reasoning}, {"signature", id}});
-  if (!s.content.empty() || s.tool_calls.empty())
-    content.push_back({{"type", "text"}, {"text", s.content}});
-  for (size_t t = 0; t < s.tool_calls.size(); ++t) {
-    Json input = Json::parse(s.tool_calls[t].arguments, nullptr, false);
-    if (input.is_discarded() || !input.is_object())
-      input = Json{{"arguments", s.tool_calls[t].arguments}};
-    content.push_back({{"type", "tool_use"},
-                       {"id", "toolu_" + id.substr(4) + "_" + std::to_string(t)},
-                       {"name", s.tool_calls[t].name},
-                       {"input", input}});
-  }
-  Json response = {{"id", id},
-                   {"type", "message"},
-                   {"role", "assistant"},
-                   {"model", model_name},
-                   {"content", content},
-                   {"stop_reason", StopReason(s)},
-                   {"stop_sequence", s.stopped_by_sequence ? Json(s.stop_sequence) : Json(nullptr)},
-                   {"usage", AnthropicUsage(g.usage())}};
-  SendJson(sink, 200, response, {{"request-id", id}});
+  result.Complete(end);
+  if (streaming) return result.FinishStream(end);
+  if (end == GenerationEnd::kError)
+    return SendError(sink, GenerationFailed((*generation)->error()), flavor);
+  SendJson(sink, 200, result.Response(), {{"request-id", id}});
 }
 
 }  // namespace dsinfer::server

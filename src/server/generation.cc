@@ -26,6 +26,8 @@ text::OutputParserOptions ParserOptions(const GenerationSpec& spec) {
   o.starts_in_tool_calls = spec.forced_tool_call;
   o.parse_json_output = spec.json_output;
   o.stop_sequences = spec.stop;
+  // Nothing the model writes is dropped: unparsable tool-call or JSON-mode text is content.
+  o.recover_unparsed = true;
   return o;
 }
 
@@ -38,13 +40,18 @@ struct Generation::SampleState {
   text::OutputParser parser;
   std::string stop_hold;  // answer text that may be the start of a stop sequence
   bool in_reasoning;
-  std::vector<runtime::TokenLogprob> unsent_logprobs;  // waiting for the next content delta
+  std::vector<runtime::TokenLogprob> unsent_logprobs;  // waiting for the next delta
 };
 
 Result<std::unique_ptr<Generation>> Generation::Start(EnginePort& engine,
                                                       const text::Tokenizer& tokenizer,
                                                       ServerMetrics& metrics, GenerationSpec spec) {
   spec.stop.erase(std::remove(spec.stop.begin(), spec.stop.end(), std::string()), spec.stop.end());
+  for (const auto& [id, bias] : spec.params.logit_bias)
+    if (id < 0 || id >= tokenizer.vocab_size())
+      return InvalidArgument("logit_bias: token id " + std::to_string(id) +
+                             " is outside the vocabulary (" +
+                             std::to_string(tokenizer.vocab_size()) + " tokens)");
   DSINFER_ASSIGN_OR_RETURN(auto stream, engine.Submit(spec.params));
   return std::unique_ptr<Generation>(
       new Generation(tokenizer, metrics, std::move(spec), std::move(stream)));
@@ -63,8 +70,7 @@ Generation::~Generation() {
 }
 
 bool Generation::Deliver(int index, std::vector<OutputDelta>& deltas,
-                         std::span<const runtime::TokenLogprob> logprobs,
-                         GenerationObserver* observer) {
+                         GenerationObserver& observer) {
   SampleState& state = *states_[index];
   SampleOutput& sample = samples_[index];
   // Raw completions have no parser; their stop sequences are matched here (the parser does it
@@ -97,40 +103,23 @@ bool Generation::Deliver(int index, std::vector<OutputDelta>& deltas,
   bool ok = true;
   for (const auto& delta : deltas) {
     if (delta.kind != OutputDelta::Kind::kReasoning) state.in_reasoning = false;
-    switch (delta.kind) {
-      case OutputDelta::Kind::kReasoning:
-        sample.reasoning += delta.text;
-        break;
-      case OutputDelta::Kind::kContent:
-        sample.content += delta.text;
-        break;
-      case OutputDelta::Kind::kToolCallStart:
-        sample.tool_calls.push_back({delta.text, ""});
-        break;
-      case OutputDelta::Kind::kToolCallArguments:
-        if (delta.tool_index >= 0 && delta.tool_index < static_cast<int>(sample.tool_calls.size()))
-          sample.tool_calls[delta.tool_index].arguments += delta.text;
-        break;
-    }
+    if (delta.kind == OutputDelta::Kind::kToolCallStart) ++sample.tool_calls;
     if (delta.text.empty() && delta.kind != OutputDelta::Kind::kToolCallStart) continue;
-    std::span<const runtime::TokenLogprob> lp;
-    if (delta.kind == OutputDelta::Kind::kContent) {
-      state.unsent_logprobs.insert(state.unsent_logprobs.end(), logprobs.begin(), logprobs.end());
-      logprobs = {};
-      lp = state.unsent_logprobs;
-    }
-    if (observer && ok) ok = observer->OnDelta(index, delta, lp);
-    if (delta.kind == OutputDelta::Kind::kContent) state.unsent_logprobs.clear();
+    // The logprobs of every token consumed so far ride on the first delta that follows them.
+    if (ok) ok = observer.OnDelta(index, delta, state.unsent_logprobs);
+    state.unsent_logprobs.clear();
   }
-  if (!logprobs.empty())
-    state.unsent_logprobs.insert(state.unsent_logprobs.end(), logprobs.begin(), logprobs.end());
   return ok;
 }
 
-bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver* observer) {
+bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver& observer) {
   if (event.index < 0 || event.index >= static_cast<int>(samples_.size())) return true;
   SampleState& state = *states_[event.index];
   SampleOutput& sample = samples_[event.index];
+  if (!event.prompt_logprobs.empty() && !prompt_logprobs_seen_) {
+    prompt_logprobs_seen_ = true;
+    if (!observer.OnPromptLogprobs(event.prompt_logprobs)) return false;
+  }
   if (sample.done) return true;  // stopped by a stop sequence; later tokens are discarded
   const auto now = Clock::now();
   if (!event.tokens.empty()) {
@@ -151,9 +140,11 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver* 
     ++sample.completion_tokens;
     if (state.in_reasoning) ++sample.reasoning_tokens;
     if (eos && token == *eos) continue;  // the end-of-message marker is not output text
+    if (spec_.skip_special_tokens && tokenizer_.IsSpecial(token)) continue;
     text += state.detokenizer.Next(token);
   }
-  sample.logprobs.insert(sample.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+  state.unsent_logprobs.insert(state.unsent_logprobs.end(), event.logprobs.begin(),
+                               event.logprobs.end());
   std::vector<OutputDelta> deltas;
   auto convert = [&](std::vector<text::ParserEvent> events) {
     for (auto& e : events) {
@@ -205,13 +196,16 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver* 
       deltas.push_back(rest);
     }
   }
-  bool ok = Deliver(event.index, deltas, event.logprobs, observer);
+  bool ok = Deliver(event.index, deltas, observer);
   if (sample.stopped_by_sequence) sample.done = true;
-  if (sample.done && observer && ok) ok = observer->OnSampleDone(event.index);
+  if (sample.done) {
+    if (ok) ok = observer.OnSampleDone(event.index, state.unsent_logprobs);
+    state.unsent_logprobs.clear();
+  }
   return ok;
 }
 
-GenerationEnd Generation::Run(GenerationObserver* observer, ResponseSink* sink) {
+GenerationEnd Generation::Run(GenerationObserver& observer, ResponseSink* sink) {
   GenerationEnd end = GenerationEnd::kFinished;
   auto last_activity = Clock::now();
   auto cancel_seen_at = Clock::time_point{};
@@ -232,7 +226,7 @@ GenerationEnd Generation::Run(GenerationObserver* observer, ResponseSink* sink) 
       }
       if (Clock::now() - last_activity > kIdleInterval) {
         last_activity = Clock::now();
-        if (observer && !observer->OnIdle()) {
+        if (!observer.OnIdle()) {
           end = GenerationEnd::kClientGone;
           break;
         }
@@ -264,6 +258,7 @@ GenerationEnd Generation::Run(GenerationObserver* observer, ResponseSink* sink) 
   }
   if (end == GenerationEnd::kClientGone || end == GenerationEnd::kCancelled) stream_->Cancel();
   finished_ = true;
+  if (sink) sink->NoteTokens(usage_.prompt_tokens, usage_.completion_tokens);
   RecordOutcome(end);
   return end;
 }

@@ -35,20 +35,19 @@ struct GenerationSpec {
   bool raw_text = false;          // /v1/completions: text passes through verbatim (no parsing)
   bool forced_tool_call = false;  // the prompt opened the DSML block (tool_choice required)
   bool json_output = false;       // response_format json_object
+  // vLLM's skip_special_tokens: tokens the tokenizer flags "special" (placeholders, BOS, ...) are
+  // left out of the text. The chat markup (<think>, ｜DSML｜, ...) is not flagged special, and the
+  // end-of-message token is never text.
+  bool skip_special_tokens = true;
   std::vector<std::string> stop;  // stop sequences, matched in answer text only
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 };
 
-struct ToolCallOutput {
-  std::string name;
-  std::string arguments;  // JSON text
-};
-
+// How one sample ended. Its text, tool calls and logprobs reach the protocol handlers only as
+// deltas (GenerationObserver): each API's result builder assembles both its stream and its
+// final object from them, so the two cannot disagree.
 struct SampleOutput {
-  std::string reasoning;
-  std::string content;
-  std::vector<ToolCallOutput> tool_calls;
-  std::vector<runtime::TokenLogprob> logprobs;
+  int tool_calls = 0;  // tool calls the parser announced
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;  // tokens generated while the parser was in reasoning
   runtime::FinishReason engine_finish = runtime::FinishReason::kNone;
@@ -57,7 +56,10 @@ struct SampleOutput {
   bool done = false;
 };
 
-// Callbacks for streaming handlers. Returning false means the client is gone (write failed).
+// Receives a generation's output as it is parsed. Every generated token's logprob is handed over
+// exactly once, in order: with the next delta of its sample (whatever its kind), or with
+// OnSampleDone for tokens no delta followed (the end-of-message token, held-back text).
+// Returning false means the client is gone (a write failed).
 class GenerationObserver {
  public:
   virtual ~GenerationObserver() = default;
@@ -65,8 +67,15 @@ class GenerationObserver {
                        std::span<const runtime::TokenLogprob> logprobs) = 0;
   // No event for a while (queued or in a long prefill): a chance to send an SSE keep-alive.
   virtual bool OnIdle() { return true; }
+  // The prompt's logprobs (RequestParams::prompt_logprobs), once, before any delta: one entry per
+  // prompt token after the first.
+  virtual bool OnPromptLogprobs(std::span<const runtime::TokenLogprob> /*logprobs*/) {
+    return true;
+  }
   // A sample finished (its SampleOutput is final).
-  virtual bool OnSampleDone(int /*index*/) { return true; }
+  virtual bool OnSampleDone(int /*index*/, std::span<const runtime::TokenLogprob> /*logprobs*/) {
+    return true;
+  }
 };
 
 enum class GenerationEnd { kFinished, kClientGone, kCancelled, kError };
@@ -80,8 +89,9 @@ class Generation {
                                                    ServerMetrics& metrics, GenerationSpec spec);
   ~Generation();  // cancels the engine request if still running
 
-  // Runs until every sample finished, the client left, or the request was cancelled.
-  GenerationEnd Run(GenerationObserver* observer, ResponseSink* sink);
+  // Runs until every sample finished, the client left, or the request was cancelled. The
+  // observer (a result builder) sees every delta, streamed or not.
+  GenerationEnd Run(GenerationObserver& observer, ResponseSink* sink);
 
   const std::vector<SampleOutput>& samples() const { return samples_; }
   const runtime::Usage& usage() const { return usage_; }
@@ -94,9 +104,8 @@ class Generation {
              std::shared_ptr<runtime::RequestStream> stream);
   struct SampleState;
   // Feeds one engine event; false if the observer reported the client gone.
-  bool Consume(const runtime::StreamEvent& event, GenerationObserver* observer);
-  bool Deliver(int index, std::vector<OutputDelta>& deltas,
-               std::span<const runtime::TokenLogprob> logprobs, GenerationObserver* observer);
+  bool Consume(const runtime::StreamEvent& event, GenerationObserver& observer);
+  bool Deliver(int index, std::vector<OutputDelta>& deltas, GenerationObserver& observer);
   void RecordOutcome(GenerationEnd end);
 
   const text::Tokenizer& tokenizer_;
@@ -109,6 +118,7 @@ class Generation {
   Status error_;
   bool finished_ = false;
   bool first_token_seen_ = false;
+  bool prompt_logprobs_seen_ = false;
   std::chrono::steady_clock::time_point last_token_time_;
 };
 

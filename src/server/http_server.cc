@@ -104,8 +104,10 @@ std::string StatusAndHeaders(int status, std::string_view content_type, const He
 
 class SocketResponseSink final : public ResponseSink {
  public:
-  SocketResponseSink(int fd, bool keep_alive, std::chrono::milliseconds write_timeout)
-      : fd_(fd), keep_alive_(keep_alive), write_timeout_(write_timeout) {}
+  // `head_only`: a HEAD request, answered with the headers a GET would get and no body.
+  SocketResponseSink(int fd, bool keep_alive, std::chrono::milliseconds write_timeout,
+                     bool head_only)
+      : fd_(fd), keep_alive_(keep_alive), write_timeout_(write_timeout), head_only_(head_only) {}
 
   void Send(int status, std::string_view content_type, std::string_view body,
             const HeaderList& extra_headers) override {
@@ -113,7 +115,7 @@ class SocketResponseSink final : public ResponseSink {
     responded_ = true;
     std::string out = StatusAndHeaders(status, content_type, extra_headers, keep_alive_,
                                        "Content-Length: " + std::to_string(body.size()));
-    out.append(body);
+    if (!head_only_) out.append(body);
     if (!WriteAll(fd_, out, write_timeout_)) broken_ = true;
   }
   bool BeginStream(int status, std::string_view content_type,
@@ -127,7 +129,7 @@ class SocketResponseSink final : public ResponseSink {
     return !broken_;
   }
   bool WriteChunk(std::string_view data) override {
-    if (broken_ || !streaming_ || ended_) return false;
+    if (broken_ || !streaming_ || ended_ || head_only_) return false;
     if (data.empty()) return true;  // an empty chunk would end the body
     char size_line[32];
     std::snprintf(size_line, sizeof(size_line), "%zx\r\n", data.size());
@@ -139,7 +141,7 @@ class SocketResponseSink final : public ResponseSink {
   void EndStream() override {
     if (!streaming_ || ended_) return;
     ended_ = true;
-    if (!broken_ && !WriteAll(fd_, "0\r\n\r\n", write_timeout_)) broken_ = true;
+    if (!broken_ && !head_only_ && !WriteAll(fd_, "0\r\n\r\n", write_timeout_)) broken_ = true;
   }
   bool ClientGone() override {
     if (broken_) return true;
@@ -167,6 +169,7 @@ class SocketResponseSink final : public ResponseSink {
   bool streaming_ = false;
   bool ended_ = false;
   bool broken_ = false;
+  bool head_only_ = false;
 };
 
 // The OpenAI error shape. The message is escaped (an exception's text can quote request bytes)
@@ -384,7 +387,8 @@ void HttpServer::ServeConnection(int fd) {
       std::lock_guard lock(mu_);
       stopping = stopped_;
     }
-    SocketResponseSink sink(fd, msg.keep_alive() && !stopping, options_.write_timeout);
+    SocketResponseSink sink(fd, msg.keep_alive() && !stopping, options_.write_timeout,
+                            request.method == "HEAD");
     std::string failure = "no response";
     try {
       handler_(request, sink);

@@ -49,6 +49,8 @@ class ResponseSink {
   virtual void EndStream() = 0;
   // Non-blocking: true when the peer closed or reset the connection.
   virtual bool ClientGone() = 0;
+  // The tokens a generation used, for the access log (sinks that log it override this).
+  virtual void NoteTokens(int64_t /*prompt*/, int64_t /*completion*/) {}
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, ResponseSink&)>;

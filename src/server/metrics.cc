@@ -118,6 +118,14 @@ std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_co
   Sample(&out, p + "num_requests_waiting", stats.n_waiting);
   Metric(&out, p + "kv_cache_usage_perc", "gauge", "Fraction of the KV/state budget in use (0-1).");
   Sample(&out, p + "kv_cache_usage_perc", stats.kv_usage);
+  Metric(&out, p + "kv_cache_bytes", "gauge",
+         "Bytes of sequence state in use: the states' own plus every page once.");
+  Sample(&out, p + "kv_cache_bytes", static_cast<double>(stats.kv_bytes_used));
+  Metric(&out, p + "kv_pages", "gauge",
+         "Pages of sequence state in use (shared by the requests and cache entries of a prefix).");
+  Sample(&out, p + "kv_pages", static_cast<double>(stats.kv_pages_in_use));
+  Metric(&out, p + "prefix_cache_entries", "gauge", "Prefix-cache entries held.");
+  Sample(&out, p + "prefix_cache_entries", static_cast<double>(stats.prefix_cache_entries));
   Metric(&out, p + "prefix_cache_queries", "counter",
          "Prompt tokens looked up in the prefix cache.");
   Sample(&out, p + "prefix_cache_queries_total", static_cast<double>(stats.prefix_cache_queries));

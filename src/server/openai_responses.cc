@@ -7,12 +7,15 @@
 namespace dsinfer::server {
 namespace {
 
+// Text of a content value: a string, or parts joined by blank lines (as the official converter
+// joins them). Image and file parts are refused (422).
 Result<std::string> PartsText(const Json& content, const std::string& path) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return InvalidArgument(path + ": must be a string or an array of parts");
   std::string out;
-  for (const auto& part : content) {
+  for (size_t i = 0; i < content.size(); ++i) {
+    const Json& part = content[i];
     if (!part.is_object()) return InvalidArgument(path + ": parts must be objects");
     DSINFER_ASSIGN_OR_RETURN(std::string type, StringField(part, "type", path));
     if (type != "input_text" && type != "output_text" && type != "text" &&
@@ -21,31 +24,44 @@ Result<std::string> PartsText(const Json& content, const std::string& path) {
     auto text = part.find("text");
     if (text == part.end() || !text->is_string())
       return InvalidArgument(path + ": part text must be a string");
+    if (i) out += "\n\n";
     out += text->get<std::string>();
   }
   return out;
 }
 
-// Responses request -> the OpenAI chat shape the text layer understands.
 }  // namespace
 
-Result<Json> ResponsesToChatJson(const Json& body) {
+// Responses request -> the OpenAI chat shape the text layer understands, following
+// deepseek-recipe's ResponsesRequest conversion: `instructions` is the first system message;
+// developer messages are user messages for V4 and system messages for V4.1; assistant output up to
+// the next other item is one assistant message (texts joined by blank lines, empty ones skipped;
+// function calls after them), except that a reasoning item, or text after a function call, starts a
+// new one; a reasoning item no assistant output follows is an assistant message of its own;
+// consecutive reasoning items join by newlines, empty ones are skipped; a reasoning item's summary
+// is not its reasoning.
+Result<Json> ResponsesToChatJson(const Json& body, text::ModelVersion version) {
+  const char* developer_role = version == text::ModelVersion::kV41 ? "system" : "user";
   Json messages = Json::array();
   auto instructions = body.find("instructions");
   if (instructions != body.end() && !instructions->is_null()) {
     if (!instructions->is_string()) return InvalidArgument("instructions: must be a string");
-    messages.push_back({{"role", "system"}, {"content", *instructions}});
+    // Empty instructions are no system message; an empty system message in the input is one.
+    if (!instructions->get<std::string>().empty())
+      messages.push_back({{"role", "system"}, {"content", *instructions}});
   }
   auto input = body.find("input");
   if (input == body.end() || input->is_null()) return InvalidArgument("input: required");
   if (input->is_string()) {
     messages.push_back({{"role", "user"}, {"content", *input}});
   } else if (input->is_array()) {
+    if (input->empty()) return InvalidArgument("input: must not be empty");
     std::optional<std::string> pending_reasoning;
+    bool assistant_open = false;  // messages.back() takes more assistant output
     auto open_assistant = [&]() -> Json& {
-      if (messages.empty() || messages.back()["role"] != "assistant" ||
-          messages.back().contains("closed")) {
+      if (!assistant_open) {
         messages.push_back({{"role", "assistant"}, {"content", ""}});
+        assistant_open = true;
       }
       Json& m = messages.back();
       if (pending_reasoning) {
@@ -53,6 +69,11 @@ Result<Json> ResponsesToChatJson(const Json& body) {
         pending_reasoning.reset();
       }
       return m;
+    };
+    // Reasoning that no assistant output took becomes an assistant message of its own.
+    auto close_assistant = [&] {
+      if (pending_reasoning) open_assistant();
+      assistant_open = false;
     };
     for (size_t i = 0; i < input->size(); ++i) {
       const Json& item = (*input)[i];
@@ -65,12 +86,15 @@ Result<Json> ResponsesToChatJson(const Json& body) {
         DSINFER_ASSIGN_OR_RETURN(std::string role, StringField(item, "role", path));
         DSINFER_ASSIGN_OR_RETURN(std::string text,
                                  PartsText(item.value("content", Json()), path + ".content"));
-        if (role == "developer") role = "system";
         if (role == "assistant") {
+          if (assistant_open && messages.back().contains("tool_calls")) close_assistant();
           Json& m = open_assistant();
-          m["content"] = m["content"].get<std::string>() + text;
-        } else if (role == "user" || role == "system") {
-          messages.push_back({{"role", role}, {"content", text}});
+          std::string content = m["content"];
+          m["content"] = content.empty() || text.empty() ? content + text : content + "\n\n" + text;
+        } else if (role == "user" || role == "developer" || role == "system") {
+          close_assistant();
+          messages.push_back(
+              {{"role", role == "developer" ? developer_role : role}, {"content", text}});
         } else {
           return InvalidArgument(path + ".role: unknown role '" + role + "'");
         }
@@ -78,18 +102,18 @@ Result<Json> ResponsesToChatJson(const Json& body) {
         std::string text;
         if (item.contains("content") && !item["content"].is_null()) {
           DSINFER_ASSIGN_OR_RETURN(text, PartsText(item["content"], path + ".content"));
-        } else if (item.contains("summary")) {
-          DSINFER_ASSIGN_OR_RETURN(text, PartsText(item["summary"], path + ".summary"));
         }
-        pending_reasoning = pending_reasoning.value_or("") + text;
+        if (text.empty()) continue;
+        if (assistant_open) close_assistant();
+        pending_reasoning = pending_reasoning ? *pending_reasoning + "\n" + text : text;
       } else if (type == "function_call") {
-        Json& m = open_assistant();
         if (!item.contains("name") || !item["name"].is_string())
           return InvalidArgument(path + ".name: must be a string");
         std::string args = item.contains("arguments") && item["arguments"].is_string()
                                ? item["arguments"].get<std::string>()
                                : "{}";
         DSINFER_ASSIGN_OR_RETURN(std::string call_id, StringField(item, "call_id", path));
+        Json& m = open_assistant();
         if (!m.contains("tool_calls")) m["tool_calls"] = Json::array();
         m["tool_calls"].push_back({{"id", call_id},
                                    {"type", "function"},
@@ -104,14 +128,13 @@ Result<Json> ResponsesToChatJson(const Json& body) {
           }
         }
         DSINFER_ASSIGN_OR_RETURN(std::string call_id, StringField(item, "call_id", path));
-        if (!messages.empty() && messages.back()["role"] == "assistant")
-          messages.back()["closed"] = true;
+        close_assistant();
         messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", output}});
       } else {
         return InvalidArgument(path + ".type: unsupported input item type '" + type + "'");
       }
     }
-    for (auto& m : messages) m.erase("closed");
+    close_assistant();
   } else {
     return InvalidArgument("input: must be a string or an array of items");
   }
@@ -145,7 +168,12 @@ Result<Json> ResponsesToChatJson(const Json& body) {
   if (reasoning != body.end() && reasoning->is_object() && reasoning->contains("effort") &&
       !(*reasoning)["effort"].is_null())
     chat["reasoning_effort"] = (*reasoning)["effort"];
-  if (body.contains("thinking")) chat["thinking"] = body["thinking"];
+  // The official converter reads thinking from reasoning.effort only ("none" disables it); a
+  // `thinking` field would be ignored there, so it is refused here rather than rendered
+  // differently.
+  if (body.contains("thinking") && !body["thinking"].is_null())
+    return InvalidArgument(
+        "thinking: not a Responses field; use reasoning.effort \"none\" to disable thinking");
   auto text = body.find("text");
   if (text != body.end() && text->is_object() && text->contains("format") &&
       (*text)["format"].is_object()) {
@@ -375,7 +403,7 @@ class ResponseBuilder final : public GenerationObserver {
     // A message followed by a tool call is commentary, not the final answer.
     for (auto& item : response_["output"])
       if (item["type"] == "message")
-        item["phase"] = s.tool_calls.empty() ? "final_answer" : "commentary";
+        item["phase"] = s.tool_calls == 0 ? "final_answer" : "commentary";
   }
 
  private:
@@ -392,11 +420,8 @@ class ResponseBuilder final : public GenerationObserver {
 void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
   GenerationSpec spec;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) return SendError(sink, FromStatus(body.status()), flavor);
-  auto model = OptString(*body, "model");
-  if (!model.ok()) return SendError(sink, FromStatus(model.status()), flavor);
-  if (!core.KnownModel(*model, flavor)) return SendError(sink, core.UnknownModel(**model), flavor);
+  auto body = BodyForServedModel(core, request, sink, flavor);
+  if (!body) return;
   if (body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null())
     return SendError(sink,
                      Unsupported("previous_response_id is not supported (stateless Responses API)",
@@ -410,16 +435,18 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   }
   auto max_tokens = OptInt(*body, "max_output_tokens");
   if (!max_tokens.ok()) return SendError(sink, FromStatus(max_tokens.status()), flavor);
-  Status sampling = ParseSampling(*body, &spec.params);
+  Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
-  auto chat_json = ResponsesToChatJson(*body);
+  auto chat_json = ResponsesToChatJson(*body, core.model.version);
   if (!chat_json.ok()) return SendError(sink, FromStatus(chat_json.status()), flavor);
-  auto chat = text::ChatRequestFromJson(Dump(*chat_json), core.model.version,
-                                        core.options.default_thinking);
+  auto chat =
+      text::ChatRequestFromJsonValue(*chat_json, core.model.version, core.options.default_thinking,
+                                     /*keep_empty_system=*/true);
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  auto resolved_max = core.ResolveMaxTokens(*max_tokens, encoded->ids.size());
+  auto resolved_max =
+      core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
   const std::string id = NewId("resp_");
@@ -444,7 +471,7 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
       return;
     }
   }
-  GenerationEnd end = g.Run(&builder, &sink);
+  GenerationEnd end = g.Run(builder, &sink);
   builder.Complete(g, end);
   core.StoreResponse(id, builder.response());
   core.UntrackInFlight(id);

@@ -93,18 +93,46 @@ ApiFlavor FlavorFor(const std::string& path) {
   return path.rfind("/v1/messages", 0) == 0 ? ApiFlavor::kAnthropic : ApiFlavor::kOpenAI;
 }
 
-// Counts responses by status for /metrics without touching every handler.
+// Counts responses by status for /metrics without touching every handler, and writes the access
+// log line when the request is done.
 class CountingSink final : public ResponseSink {
  public:
-  CountingSink(ResponseSink& inner, ServerMetrics& metrics) : inner_(inner), metrics_(metrics) {}
+  CountingSink(ResponseSink& inner, ServerMetrics& metrics, const HttpRequest& request,
+               const std::function<void(const std::string&)>& log)
+      : inner_(inner), metrics_(metrics), request_(request), log_(log) {}
+  ~CountingSink() override {
+    if (!log_) return;
+    // Method and path only (printable ASCII, bounded): never the query, a header or the body.
+    auto clean = [](std::string_view s) {
+      std::string out;
+      for (char c : s.substr(0, 200)) out.push_back(c > 0x20 && c < 0x7f ? c : '?');
+      return out;
+    };
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+            .count();
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "access %s %s %d prompt_tokens=%lld completion_tokens=%lld latency_ms=%.1f",
+                  clean(request_.method).c_str(), clean(request_.path).c_str(), status_,
+                  static_cast<long long>(prompt_tokens_),
+                  static_cast<long long>(completion_tokens_), ms);
+    log_(line);
+  }
   void Send(int status, std::string_view content_type, std::string_view body,
             const HeaderList& headers) override {
     metrics_.CountHttp(status);
+    status_ = status;
     inner_.Send(status, content_type, body, headers);
   }
   bool BeginStream(int status, std::string_view content_type, const HeaderList& headers) override {
     metrics_.CountHttp(status);
+    status_ = status;
     return inner_.BeginStream(status, content_type, headers);
+  }
+  void NoteTokens(int64_t prompt, int64_t completion) override {
+    prompt_tokens_ = prompt;
+    completion_tokens_ = completion;
   }
   bool WriteChunk(std::string_view data) override { return inner_.WriteChunk(data); }
   void EndStream() override { inner_.EndStream(); }
@@ -113,25 +141,39 @@ class CountingSink final : public ResponseSink {
  private:
   ResponseSink& inner_;
   ServerMetrics& metrics_;
+  const HttpRequest& request_;
+  const std::function<void(const std::string&)>& log_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  int status_ = 0;
+  int64_t prompt_tokens_ = 0;
+  int64_t completion_tokens_ = 0;
 };
 
-void HandleModels(Service::Core& core, ResponseSink& sink) {
-  // Every served name is a model card (vLLM lists each --served-model-name the same way).
+// Every served name (vLLM's --served-model-name A B C) is a model card.
+std::vector<std::string> ServedNames(const Service::Core& core) {
   std::vector<std::string> names = {core.options.served_model_name};
   names.insert(names.end(), core.options.served_model_aliases.begin(),
                core.options.served_model_aliases.end());
+  return names;
+}
+
+Json ModelObject(const Service::Core& core, const std::string& name) {
+  return Json{{"id", name},
+              {"object", "model"},
+              {"created", core.model.created_unix},
+              {"owned_by", "dsinfer"},
+              {"type", "model"},
+              {"display_name", name},
+              {"created_at", "1970-01-01T00:00:00Z"},
+              {"root", core.options.served_model_name},
+              {"max_model_len",
+               core.model.max_model_len > 0 ? Json(core.model.max_model_len) : Json(nullptr)}};
+}
+
+void HandleModels(Service::Core& core, ResponseSink& sink) {
+  const std::vector<std::string> names = ServedNames(core);
   Json data = Json::array();
-  for (const auto& name : names)
-    data.push_back({{"id", name},
-                    {"object", "model"},
-                    {"created", core.model.created_unix},
-                    {"owned_by", "dsinfer"},
-                    {"type", "model"},
-                    {"display_name", name},
-                    {"created_at", "1970-01-01T00:00:00Z"},
-                    {"root", core.options.served_model_name},
-                    {"max_model_len", core.model.max_model_len > 0 ? Json(core.model.max_model_len)
-                                                                   : Json(nullptr)}});
+  for (const auto& name : names) data.push_back(ModelObject(core, name));
   Json body = {{"object", "list"},
                {"data", data},
                {"has_more", false},
@@ -153,7 +195,7 @@ void HandleTokenize(Service::Core& core, const HttpRequest& request, ResponseSin
   std::vector<int32_t> ids;
   if (body->contains("messages")) {
     auto chat =
-        text::ChatRequestFromJson(Dump(*body), core.model.version, core.options.default_thinking);
+        text::ChatRequestFromJsonValue(*body, core.model.version, core.options.default_thinking);
     if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), ApiFlavor::kOpenAI);
     auto encoded = core.EncodeChat(*chat);
     if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), ApiFlavor::kOpenAI);
@@ -245,10 +287,11 @@ ServerMetrics& Service::metrics() { return core_->metrics; }
 
 void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
   Core& core = *core_;
-  CountingSink counting(raw_sink, core.metrics);
+  CountingSink counting(raw_sink, core.metrics, request, core.options.access_log);
   ResponseSink& sink = counting;
   const std::string& path = request.path;
-  const std::string& method = request.method;
+  // HEAD is GET without the body (the connection's sink leaves the body out).
+  const std::string method = request.method == "HEAD" ? "GET" : request.method;
   const ApiFlavor flavor = FlavorFor(path);
   EnginePort* engine = core.engine.load();
 
@@ -271,6 +314,7 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
                                 : "{\"status\":\"loading\"}",
                      ready ? HeaderList{} : HeaderList{{"Retry-After", "1"}});
   }
+  if (path == "/version") return SendJson(sink, 200, Json{{"version", DSINFER_VERSION}});
   if (path == "/" || path == "/index.html") {
     // A browser cannot attach a Bearer header to a navigation, so the page asks for HTTP Basic
     // (any user name, the key as password); the browser then sends those credentials with the
@@ -280,7 +324,7 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
                        "dsinfer: this server needs an API key. Sign in with any user name and the "
                        "key as password.\n",
                        {{"WWW-Authenticate", "Basic realm=\"dsinfer\", charset=\"UTF-8\""}});
-    if (method != "GET" && method != "HEAD")
+    if (method != "GET")
       return SendError(sink, ApiError{405, "use GET", "", "", "", 0, false}, flavor);
     return sink.Send(200, "text/html; charset=utf-8", ChatPageHtml(),
                      {{"Cache-Control", "no-store"}, {"X-Content-Type-Options", "nosniff"}});
@@ -303,7 +347,8 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
   for (const auto& r : kRoutes)
     if (path == r.path) route = &r;
   bool response_item = path.rfind("/v1/responses/", 0) == 0 && path.size() > 14;
-  if (!route && !response_item) {
+  const bool model_item = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+  if (!route && !response_item && !model_item) {
     ApiError e;
     e.status = 404;
     e.message = "Unknown endpoint " + method + " " + path;
@@ -315,6 +360,18 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
     e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
     e.code = "invalid_api_key";
     return SendError(sink, e, flavor);
+  }
+  if (model_item) {
+    if (method != "GET")
+      return sink.Send(405, "application/json",
+                       Dump(ErrorBody(ApiError{405, "Method " + method + " not allowed; use GET",
+                                               "", "", "", 0, false},
+                                      flavor)),
+                       {{"Allow", "GET"}});
+    const std::string id = path.substr(11);
+    for (const auto& name : ServedNames(core))
+      if (id == name) return SendJson(sink, 200, ModelObject(core, name));
+    return SendError(sink, core.UnknownModel(id), flavor);
   }
   if (route && method != route->method) {
     ApiError e;

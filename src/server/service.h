@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,9 +32,14 @@ struct ServiceOptions {
   std::vector<std::string> served_model_aliases;
   std::vector<std::string> api_keys;  // empty: no authentication
   int max_tokens_limit = 32768;       // largest accepted max_tokens
-  int default_max_tokens = 2048;      // when the request gives none
-  bool default_thinking = true;       // DeepSeek's API default
-  int max_stored_responses = 1024;    // for GET /v1/responses/{id}
+  // When the request gives none; 0: deepseek-recipe's defaults (8192 without thinking, 65536 with
+  // it, 131072 at max effort). Always capped by max_tokens_limit and the context left.
+  int default_max_tokens = 0;
+  bool default_thinking = true;     // DeepSeek's API default
+  int max_stored_responses = 1024;  // for GET /v1/responses/{id}
+  // Receives one line per request (method, path, status, tokens, latency; never a body or a
+  // key). Unset: no access log.
+  std::function<void(const std::string&)> access_log;
   KvEventsInfo kv_events;
   SchedulerMetricNames scheduler_metrics;  // /metrics gauges under an endpoint picker's names
 };

@@ -321,6 +321,13 @@ Status ParseSampling(const Json& body, runtime::RequestParams* params) {
   return Status::Ok();
 }
 
+Status ParseGenerationFields(const Json& body, GenerationSpec* spec) {
+  DSINFER_RETURN_IF_ERROR(ParseSampling(body, &spec->params));
+  DSINFER_ASSIGN_OR_RETURN(auto skip_special, OptBool(body, "skip_special_tokens"));
+  spec->skip_special_tokens = skip_special.value_or(true);
+  return Status::Ok();
+}
+
 std::string TokenText(const text::Tokenizer& tokenizer, int32_t id) {
   const std::string* bytes = tokenizer.TokenBytes(id);
   return bytes ? text::Utf8Lossy(*bytes) : std::string();
@@ -347,11 +354,18 @@ Result<EncodedPrompt> Service::Core::EncodeChat(const text::ChatRequest& request
   out.forced_tool_call =
       !request.tools.empty() && request.tool_choice == text::ToolChoice::kRequired;
   out.json_output = request.response_format.type == text::ResponseFormatType::kJsonObject;
+  out.max_effort = request.reasoning_effort == text::ReasoningEffort::kMax;
   return out;
 }
 
-Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested,
-                                            size_t prompt_tokens) const {
+int64_t Service::Core::DefaultMaxTokens(const EncodedPrompt& prompt) const {
+  if (options.default_max_tokens > 0) return options.default_max_tokens;
+  if (!prompt.thinking) return 8192;
+  return prompt.max_effort ? 131072 : 65536;
+}
+
+Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens,
+                                            int64_t default_tokens) const {
   int64_t limit = options.max_tokens_limit;
   if (model.max_model_len > 0)
     limit = std::min<int64_t>(limit, model.max_model_len - static_cast<int64_t>(prompt_tokens));
@@ -368,12 +382,12 @@ Result<int> Service::Core::ResolveMaxTokens(std::optional<int64_t> requested,
                         std::to_string(model.max_model_len));
     return static_cast<int>(*requested);
   }
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(limit, options.default_max_tokens)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(limit, default_tokens)));
 }
 
 bool Service::Core::KnownModel(const std::optional<std::string>& name, ApiFlavor flavor) const {
-  if (!name || name->empty() || *name == options.served_model_name) return true;
+  // Absent is the served model; an empty name is refused like any other unknown one.
+  if (!name || *name == options.served_model_name) return true;
   for (const auto& alias : options.served_model_aliases)
     if (*name == alias) return true;
   // DeepSeek's Anthropic endpoint maps every claude-* name to its model (guides/anthropic_api).
@@ -426,6 +440,25 @@ bool Service::Core::CancelInFlight(const std::string& id) {
   if (it == in_flight.end()) return false;
   it->second.stream->Cancel();
   return true;
+}
+
+std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
+                                       ResponseSink& sink, ApiFlavor flavor) {
+  auto body = ParseBody(request.body);
+  if (!body.ok()) {
+    SendError(sink, FromStatus(body.status()), flavor);
+    return std::nullopt;
+  }
+  auto model = OptString(*body, "model");
+  if (!model.ok()) {
+    SendError(sink, FromStatus(model.status()), flavor);
+    return std::nullopt;
+  }
+  if (!core.KnownModel(*model, flavor)) {
+    SendError(sink, core.UnknownModel(**model), flavor);
+    return std::nullopt;
+  }
+  return std::move(body).value();
 }
 
 ApiError GenerationFailed(const Status& error) {

@@ -72,6 +72,8 @@ Result<std::vector<std::string>> StopSequences(const Json& body, const char* key
 // Common sampling fields shared by the OpenAI and Anthropic requests (temperature, top_p,
 // top_k, min_p, seed, penalties, logit_bias, ...) into engine parameters.
 Status ParseSampling(const Json& body, runtime::RequestParams* params);
+// ParseSampling, plus vLLM's skip_special_tokens (default true) for the output text.
+Status ParseGenerationFields(const Json& body, GenerationSpec* spec);
 
 // Token-level string for logprobs: lossy UTF-8 of the token's bytes, plus the raw bytes.
 std::string TokenText(const text::Tokenizer& tokenizer, int32_t id);
@@ -83,6 +85,7 @@ struct EncodedPrompt {
   bool has_tools = false;
   bool forced_tool_call = false;  // tool_choice required: the prompt opened the DSML block
   bool json_output = false;       // response_format json_object
+  bool max_effort = false;        // reasoning_effort max
 };
 
 struct Service::Core {
@@ -98,8 +101,13 @@ struct Service::Core {
 
   // Renders and encodes a chat request; enforces the prompt-length limit.
   Result<EncodedPrompt> EncodeChat(const text::ChatRequest& request) const;
-  // Resolves max_tokens against the limits and the context left after the prompt.
-  Result<int> ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens) const;
+  // Resolves max_tokens against the limits and the context left after the prompt; without one,
+  // `default_tokens` (capped the same way).
+  Result<int> ResolveMaxTokens(std::optional<int64_t> requested, size_t prompt_tokens,
+                               int64_t default_tokens) const;
+  // A chat request's max_tokens when it gives none: --default-max-tokens, or else
+  // deepseek-recipe's defaults (8192 without thinking, 65536 with it, 131072 at max effort).
+  int64_t DefaultMaxTokens(const EncodedPrompt& prompt) const;
   // True when `model` names the served model (or is absent). Anthropic clients send claude-*.
   bool KnownModel(const std::optional<std::string>& model, ApiFlavor flavor) const;
   ApiError UnknownModel(const std::string& model) const;
@@ -131,13 +139,17 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
 // Anthropic Messages request -> OpenAI-chat-shaped JSON the text layer converts (shared with
 // count_tokens).
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking);
-// Responses request -> OpenAI-chat-shaped JSON (shared with /v1/responses/render).
-Result<Json> ResponsesToChatJson(const Json& body);
-// chat_template_kwargs onto a parsed chat request (shared with /v1/chat/completions/render).
-Status ApplyTemplateKwargs(const Json& body, text::ChatRequest* chat);
-// The /v1/completions prompt as ids; `text` gets its text (shared with /v1/completions/render).
+// Responses request -> OpenAI-chat-shaped JSON (shared with /v1/responses/render); the role of
+// developer messages depends on the model version.
+Result<Json> ResponsesToChatJson(const Json& body, text::ModelVersion version);
+// The /v1/completions prompt as ids; `text` gets its text, `bos_inserted` whether ids[0] is a BOS
+// the server added (shared with /v1/completions/render).
 Result<std::vector<int32_t>> CompletionPrompt(const Service::Core& core, const Json& body,
-                                              std::string* text);
+                                              std::string* text, bool* bos_inserted);
+// The request body as JSON when it parses and names a served model (or none); otherwise the
+// error is sent in the API's shape and nullopt returned.
+std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
+                                       ResponseSink& sink, ApiFlavor flavor);
 // Routers' and schedulers' endpoints (worker_endpoints.cc): true when `request.path` is one of
 // them, which it then answered (authentication and method included).
 bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, ResponseSink& sink,

@@ -127,45 +127,21 @@ void SendRendered(Service::Core& core, const std::vector<int32_t>& ids, Response
 
 // The same checks and rendering as the generation handlers, without generating: what a request
 // would put in front of the engine.
-// The body as JSON when it parses and names the served model (or none); else the error is sent.
-std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequest& request,
-                                       ResponseSink& sink) {
-  const auto flavor = ApiFlavor::kOpenAI;
-  auto body = ParseBody(request.body);
-  if (!body.ok()) {
-    SendError(sink, FromStatus(body.status()), flavor);
-    return std::nullopt;
-  }
-  auto model = OptString(*body, "model");
-  if (!model.ok()) {
-    SendError(sink, FromStatus(model.status()), flavor);
-    return std::nullopt;
-  }
-  if (!core.KnownModel(*model, flavor)) {
-    SendError(sink, core.UnknownModel(**model), flavor);
-    return std::nullopt;
-  }
-  return std::move(body).value();
-}
-
 void RenderChat(Service::Core& core, const HttpRequest& request, bool responses_api,
                 ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
-  auto body = BodyForServedModel(core, request, sink);
+  auto body = BodyForServedModel(core, request, sink, flavor);
   if (!body) return;
-  std::string chat_body = request.body;
+  Json chat_json = *body;
   if (responses_api) {
-    auto chat_json = ResponsesToChatJson(*body);
-    if (!chat_json.ok()) return SendError(sink, FromStatus(chat_json.status()), flavor);
-    chat_body = Dump(*chat_json);
+    auto converted = ResponsesToChatJson(*body, core.model.version);
+    if (!converted.ok()) return SendError(sink, FromStatus(converted.status()), flavor);
+    chat_json = std::move(converted).value();
   }
   auto chat =
-      text::ChatRequestFromJson(chat_body, core.model.version, core.options.default_thinking);
+      text::ChatRequestFromJsonValue(chat_json, core.model.version, core.options.default_thinking,
+                                     /*keep_empty_system=*/responses_api);
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
-  if (!responses_api) {
-    Status kwargs = ApplyTemplateKwargs(*body, &*chat);
-    if (!kwargs.ok()) return SendError(sink, FromStatus(kwargs), flavor);
-  }
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
   SendRendered(core, encoded->ids, sink);
@@ -173,10 +149,11 @@ void RenderChat(Service::Core& core, const HttpRequest& request, bool responses_
 
 void RenderCompletion(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
   const auto flavor = ApiFlavor::kOpenAI;
-  auto body = BodyForServedModel(core, request, sink);
+  auto body = BodyForServedModel(core, request, sink, flavor);
   if (!body) return;
   std::string text;
-  auto ids = CompletionPrompt(core, *body, &text);
+  bool bos_inserted = false;
+  auto ids = CompletionPrompt(core, *body, &text, &bos_inserted);
   if (!ids.ok()) return SendError(sink, FromStatus(ids.status()), flavor);
   SendRendered(core, *ids, sink);
 }

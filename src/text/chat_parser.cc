@@ -172,6 +172,12 @@ struct OutputParser::Impl {
   bool finished = false;
   std::string utf8_pending;  // incomplete trailing UTF-8 sequence of the input
 
+  // recover_unparsed: tool-block text since the last complete call (or the block's start), and
+  // JSON-mode text held back until it is known whether any JSON follows.
+  std::string unsettled;
+  bool after_invoke = false;  // unsettled follows a call's closing "</｜DSML｜" ("invoke>" is due)
+  std::string held_plain;
+
   // Tool call being named: it becomes visible when the name ends.
   bool naming_call = false;
   std::string pending_name;
@@ -219,7 +225,26 @@ struct OutputParser::Impl {
           {ActionKind::kSkip, {}, false});
   }
 
+  // recover_unparsed: JSON follows the held text, which stands for one space before it, as the
+  // oracle writes it.
+  void FlushHeldAsSpace() {
+    if (held_plain.empty()) return;
+    held_plain.clear();
+    result.content.push_back(' ');
+    Emit(ParserEvent::Kind::kContent, " ");
+  }
+
+  static bool InToolBlock(StageKind kind) {
+    return kind == StageKind::kToolCalls || kind == StageKind::kToolName;
+  }
+
   void EnterStage(Stage next) {
+    // A call announced, a call complete, or the block closed: nothing is unsettled any more.
+    if (!InToolBlock(next.kind) || (next.kind == StageKind::kToolCalls && !InToolBlock(stage.kind)))
+      unsettled.clear();
+    if (next.kind == StageKind::kJson) FlushHeldAsSpace();
+    after_invoke =
+        next.kind == StageKind::kToolCalls && stage.kind == StageKind::kToolCallArguments;
     stage = next;
     matchers.clear();
     stash.clear();
@@ -325,6 +350,10 @@ struct OutputParser::Impl {
         Emit(ParserEvent::Kind::kContent, bytes);
         break;
       case ActionKind::kToSpace:
+        if (options.recover_unparsed && stage.kind == StageKind::kCommon && !bytes.empty()) {
+          held_plain.append(bytes);  // a space if JSON follows, itself if none does
+          break;
+        }
         // The oracle makes one space of each run it flushes; the text left at the end joins the
         // run before it when that run was also turned into a space.
         if (bytes.empty() || (final_flush ? after_space : space_emitted)) break;
@@ -333,6 +362,7 @@ struct OutputParser::Impl {
         Emit(ParserEvent::Kind::kContent, " ");
         break;
       case ActionKind::kContentLabel:
+        FlushHeldAsSpace();
         result.content.append(action.label);
         Emit(ParserEvent::Kind::kContent, action.label);
         break;
@@ -376,10 +406,32 @@ struct OutputParser::Impl {
     }
   }
 
+  // recover_unparsed, at the end: the text of a tool block no call came of, and JSON-mode text
+  // that no JSON followed, become answer content.
+  void Recover() {
+    std::string text;
+    if (after_invoke) {  // the rest of the call's closing tag is markup, not text
+      constexpr std::string_view kInvokeTail = "invoke>";
+      size_t n = 0;
+      while (n < unsettled.size() && n < kInvokeTail.size() && unsettled[n] == kInvokeTail[n]) ++n;
+      unsettled.erase(0, n);
+    }
+    if (InToolBlock(stage.kind) && unsettled.find_first_not_of(" \t\r\n") != std::string::npos)
+      text = std::move(unsettled);
+    else if (stage.kind == StageKind::kCommon)
+      text = std::move(held_plain);
+    unsettled.clear();
+    held_plain.clear();
+    if (text.empty()) return;
+    result.content.append(text);
+    Emit(ParserEvent::Kind::kContent, text);
+  }
+
   // Runs the matcher over complete UTF-8 text.
   void Run(std::string_view text) {
     for (size_t i = 0; i < text.size() && !stopped; ++i) {
       stash.push_back(text[i]);
+      if (InToolBlock(stage.kind)) unsettled.push_back(text[i]);
       const Matcher* completed = nullptr;
       for (auto& m : matchers) {
         if (m.Feed(static_cast<unsigned char>(text[i]))) {
@@ -394,7 +446,13 @@ struct OutputParser::Impl {
       std::string_view all(stash);
       if (matched < all.size()) Apply(on_unmatched, all.substr(0, all.size() - matched), false);
       if (matched > 0) Apply(on_match, all.substr(all.size() - matched), false);
+      const bool block_opens = next.kind == StageKind::kToolCalls && !InToolBlock(stage.kind) &&
+                               stage.kind != StageKind::kToolCallArguments;
+      // The block's opening marker, copied before EnterStage clears the stash it lies in.
+      std::string marker = block_opens ? std::string(all.substr(all.size() - matched)) : "";
       EnterStage(next);
+      if (block_opens)
+        unsettled = marker.substr(std::min(marker.find_first_not_of('\n'), marker.size()));
     }
     if (stopped) return;
     // Bytes that no pattern can still claim are final now.
@@ -446,6 +504,7 @@ std::vector<ParserEvent> OutputParser::Finish(BackendFinish backend_finish) {
   if (!s.stopped) {
     if (!s.stash.empty()) s.Apply(s.on_unmatched, s.stash, /*final_flush=*/true);
     s.stash.clear();
+    if (s.options.recover_unparsed) s.Recover();
     switch (backend_finish) {
       case BackendFinish::kStop:
         s.result.finish_reason =

@@ -43,6 +43,12 @@ struct OutputParserOptions {
   bool parse_json_output = false;
   // Matched only in answer text and JSON, never in reasoning or tool markup. Empty ones ignored.
   std::vector<std::string> stop_sequences;
+  // Serving mode: output the oracle drops reaches the client as answer content. A tool-call block
+  // that ends (or is cut off) before its next call is announced returns the text written since
+  // the last complete call (the block's opening marker included, leading newlines not); in
+  // JSON-output mode, text with no JSON at all is returned as it is instead of as one space.
+  // Off for the oracle comparison (parse_cases.jsonl).
+  bool recover_unparsed = false;
 };
 
 enum class BackendFinish { kStop, kLength, kContentFilter };

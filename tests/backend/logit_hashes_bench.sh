@@ -4,7 +4,8 @@
 # is written into the build tree on the first run and reused after.
 set -euo pipefail
 build="$1"
-model="$build/bench-model-seed1"
+# DSINFER_BENCH_MODEL: an existing checkpoint of that command (several build trees share one).
+model="${DSINFER_BENCH_MODEL:-$build/bench-model-seed1}"
 if [[ ! -f "$model/model.safetensors.index.json" ]]; then
   rm -rf "$model"
   "$build/apps/dsinfer" create-demo-model "$model.tmp" --preset bench --seed 1 >/dev/null

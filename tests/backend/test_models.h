@@ -13,11 +13,23 @@
 
 namespace dsinfer::testing {
 
+// A directory of this process's own, removed when the process exits normally (checkpoints of
+// the demo preset are 146 MB: a test run leaving them behind fills /tmp within a day).
 inline std::string TestTempDir() {
-  std::filesystem::path p =
-      std::filesystem::temp_directory_path() / ("dsinfer_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(p);
-  return p.string();
+  struct Owned {
+    std::filesystem::path path;
+    Owned()
+        : path(std::filesystem::temp_directory_path() /
+               ("dsinfer_test_" + std::to_string(::getpid()))) {
+      std::filesystem::create_directories(path);
+    }
+    ~Owned() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Owned dir;
+  return dir.path.string();
 }
 
 // Writes (once) and loads the preset's checkpoint; aborts the test binary on failure.

@@ -383,8 +383,14 @@ def main():
                         results.check(used >= 2, f"{kind}-router cache_aware: families spread "
                                                  f"over {used} replicas")
                     if policy == "round_robin" and (kind, "cache_aware") in rates:
-                        results.check(rates[(kind, policy)] < rates[(kind, "cache_aware")] - 0.3,
-                                      f"{kind}-router round_robin hits far less than cache_aware")
+                        # The gap is structural, not eviction: round_robin puts each family on
+                        # all three replicas, so 2 of the 9 later requests per family (12 of 54)
+                        # miss their whole prefix cold, a gap of 12/54 x ~94 % = 0.21 when
+                        # nothing is evicted (the packed state keeps all six prefixes in 24 MiB).
+                        # 0.15 leaves room for the rotation drifting under concurrent clients.
+                        results.check(rates[(kind, policy)] < rates[(kind, "cache_aware")] - 0.15,
+                                      f"{kind}-router round_robin hits clearly less than "
+                                      f"cache_aware (>= 0.15 below)")
                     if policy == "cache_aware":
                         run_protocols(results, router, f"{kind}-router",
                                       expect_messages=(kind == "vllm"))

@@ -66,7 +66,8 @@ TEST(Engine, GreedyIsIdenticalAloneInABatchAfterPreemptionAndAfterAPrefixHit) {
   // Under a KV budget that forces preemption by recompute: 3 of the 4 concurrent requests fit
   // until they grow.
   {
-    auto engine = MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
+    auto engine =
+        MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
     std::vector<std::shared_ptr<RequestStream>> others;
     for (int i = 0; i < 3; ++i) others.push_back(*engine->Submit(Greedy(Ids(250, 200 + i), 24)));
     auto mine = engine->Submit(target);
@@ -127,7 +128,8 @@ TEST(Engine, SeededSamplingIsIdenticalAfterPreemptionAndAfterAPrefixHit) {
   reseeded.sampling.seed = 2025;
   EXPECT_NE(RunAlone(reseeded, {.enable_prefix_cache = false}).tokens, alone.tokens);
   {
-    auto engine = MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
+    auto engine =
+        MakeEngine({.kv_cache_bytes = PreemptingBudget(3, 250), .enable_prefix_cache = false});
     std::vector<std::shared_ptr<RequestStream>> others;
     for (int i = 0; i < 3; ++i) {
       RequestParams q = p;
@@ -148,6 +150,176 @@ TEST(Engine, SeededSamplingIsIdenticalAfterPreemptionAndAfterAPrefixHit) {
     EXPECT_EQ(first.tokens, alone.tokens);
     EXPECT_EQ(second.tokens, alone.tokens);
   }
+}
+
+// A request's prompt logprobs (from its first event) and its outcome.
+struct WithPrompt {
+  std::vector<TokenLogprob> prompt;
+  Outcome out;
+};
+WithPrompt CollectWithPrompt(RequestStream& stream) {
+  WithPrompt r;
+  bool first = true;
+  while (auto ev = stream.Next(std::chrono::milliseconds(120000))) {
+    if (first)
+      r.prompt = ev->prompt_logprobs;
+    else
+      EXPECT_TRUE(ev->prompt_logprobs.empty()) << "prompt logprobs on a later event";
+    first = false;
+    r.out.tokens.insert(r.out.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+    for (const auto& lp : ev->logprobs) r.out.logprobs.push_back(lp.logprob);
+    r.out.usage = ev->usage;
+    if (ev->finished) {
+      EXPECT_NE(ev->finish_reason, FinishReason::kError) << ev->error.ToString();
+      r.out.reason = ev->finish_reason;
+      break;
+    }
+  }
+  return r;
+}
+
+// Multi-row logits end to end: prompt logprobs equal those of one forward over the whole prompt
+// with every row's logits, however the engine chunks, batches, preempts or caches, and asking for
+// them leaves the generated tokens and their logprobs bit-identical.
+TEST(Engine, PromptLogprobsMatchOneFullForwardAndLeaveTheOutputUnchanged) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  const int64_t vocab = w.config().vocab_size;
+  RequestParams p = Greedy(Ids(600, 21), 8);  // 599 rows: more than two steps' 256
+  std::vector<TokenLogprob> want;
+  {
+    ThreadPool pool(2);
+    auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool);
+    ASSERT_TRUE(cpu.ok());
+    auto state = (*cpu)->NewSequence();
+    backend::cpu::ForwardOutput out;
+    ASSERT_TRUE((*cpu)->Forward(*state, p.prompt, {.all_logits = true}, &out).ok());
+    for (size_t t = 0; t + 1 < p.prompt.size(); ++t) {
+      std::span<const float> row(out.logits.data() + t * vocab, vocab);
+      want.push_back({p.prompt[t + 1], LogprobOf(row, p.prompt[t + 1]), TopLogprobs(row, 3)});
+    }
+  }
+  auto expect_prompt = [&](const std::vector<TokenLogprob>& got, const char* where) {
+    ASSERT_EQ(got.size(), want.size()) << where;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].token, want[i].token) << where << " position " << i + 1;
+      ASSERT_EQ(got[i].logprob, want[i].logprob) << where << " position " << i + 1;
+      ASSERT_EQ(got[i].top, want[i].top) << where << " position " << i + 1;
+    }
+  };
+  const Outcome plain = RunAlone(p, {.enable_prefix_cache = false});
+  p.prompt_logprobs = 3;
+  for (const bool cache : {false, true}) {  // 256-row chunks / 128-token chunks
+    auto engine = MakeEngine({.enable_prefix_cache = cache});
+    WithPrompt r = CollectWithPrompt(**engine->Submit(p));
+    expect_prompt(r.prompt, cache ? "128-token chunks" : "alone");
+    EXPECT_EQ(r.out.tokens, plain.tokens);
+    EXPECT_EQ(r.out.logprobs, plain.logprobs);
+  }
+  {  // Small chunks in a batch; then the same prompt again, cached but recomputed for its rows.
+    auto engine = MakeEngine({.max_num_batched_tokens = 48});
+    std::vector<std::shared_ptr<RequestStream>> others;
+    for (int i = 0; i < 3; ++i) others.push_back(*engine->Submit(Greedy(Ids(90, 600 + i), 12)));
+    WithPrompt batched = CollectWithPrompt(**engine->Submit(p));
+    for (auto& s : others) Collect(*s);
+    expect_prompt(batched.prompt, "batched");
+    EXPECT_EQ(batched.out.tokens, plain.tokens);
+    WithPrompt again = CollectWithPrompt(**engine->Submit(p));
+    expect_prompt(again.prompt, "after the prompt was cached");
+    EXPECT_EQ(again.out.usage.cached_prompt_tokens, 0);
+    EXPECT_EQ(again.out.tokens, plain.tokens);
+  }
+  {  // Preempted by recompute in the middle of its prompt: every row once, none twice. An older
+     // 2000-token prompt prefills a page (128 tokens) a step beside it (64 for p); the budget
+     // holds both states' fixed parts and 7.5 pages, so p, the newest, goes when they have grown.
+    ThreadPool pool1(1);
+    auto cpu = backend::cpu::CpuModel::Create(w, backend::Numerics::Official(), pool1);
+    const model::StateLayout& layout = (*cpu)->layout();
+    ASSERT_EQ(layout.page_tokens, 128);
+    const int64_t budget = 2 * layout.FixedBytes() + 7 * layout.page_bytes + layout.page_bytes / 2;
+    auto engine = MakeEngine({.max_num_batched_tokens = 192, .kv_cache_bytes = budget});
+    auto older = engine->Submit(Greedy(Ids(2000, 700), 1));
+    WithPrompt preempted = CollectWithPrompt(**engine->Submit(p));
+    Collect(**older);
+    EXPECT_GT(engine->Stats().preemptions_total, 0);
+    expect_prompt(preempted.prompt, "preempted");
+    EXPECT_EQ(preempted.out.tokens, plain.tokens);
+  }
+  RequestParams bad = p;
+  bad.prompt_logprobs = 21;
+  EXPECT_EQ(MakeEngine()->Submit(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The CPU runner, except that the next `fail_new_states` NewState calls fail as a device out of
+// memory would.
+class FlakyRunner final : public backend::ModelRunner {
+ public:
+  explicit FlakyRunner(std::unique_ptr<backend::ModelRunner> inner) : inner_(std::move(inner)) {}
+  std::atomic<int> fail_new_states{0};
+
+  std::string device() const override { return inner_->device(); }
+  Result<std::unique_ptr<backend::RunnerState>> NewState() override {
+    if (fail_new_states.load() > 0) {
+      --fail_new_states;
+      return ResourceExhausted("test: no device memory for a state");
+    }
+    return inner_->NewState();
+  }
+  Result<std::unique_ptr<backend::RunnerState>> Copy(const backend::RunnerState& from) override {
+    return inner_->Copy(from);
+  }
+  int64_t StateBytes(const backend::RunnerState& s) const override { return inner_->StateBytes(s); }
+  int64_t StateBytesAt(int64_t n) const override { return inner_->StateBytesAt(n); }
+  int64_t PageBytesInUse() const override { return inner_->PageBytesInUse(); }
+  Result<std::unique_ptr<backend::RunnerState>> Snapshot(
+      const backend::RunnerState& from) override {
+    return inner_->Snapshot(from);
+  }
+  int64_t DefaultStateBudget() const override { return inner_->DefaultStateBudget(); }
+  Status ForwardBatch(std::span<backend::RunnerChunk> chunks) override {
+    return inner_->ForwardBatch(chunks);
+  }
+
+ private:
+  std::unique_ptr<backend::ModelRunner> inner_;
+};
+
+// An admission whose state the device cannot create waits while something else runs (and then
+// runs, losing nothing), and fails with the device's error when nothing does.
+TEST(Engine, AStateTheDeviceCannotCreateWaitsOrFailsClearly) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  auto cpu = backend::MakeCpuRunner(w, backend::Numerics::Official(), {.n_threads = 2});
+  ASSERT_TRUE(cpu.ok());
+  auto flaky = std::make_unique<FlakyRunner>(std::move(cpu).value());
+  FlakyRunner* runner = flaky.get();
+  auto created = Engine::Create(
+      w, {.kv_cache_bytes = int64_t{256} << 20, .enable_prefix_cache = false}, std::move(flaky));
+  ASSERT_TRUE(created.ok());
+  Engine& engine = **created;
+  while (!engine.ready()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const RequestParams q = Greedy(Ids(30, 31), 6);
+  const Outcome alone = RunAlone(q, {.enable_prefix_cache = false});
+
+  runner->fail_new_states = 1;
+  auto lone = engine.Submit(q);
+  ASSERT_TRUE(lone.ok());
+  std::optional<StreamEvent> ev;
+  while ((ev = (*lone)->Next()) && !ev->finished) {
+  }
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish_reason, FinishReason::kError);
+  EXPECT_EQ(ev->error.code(), StatusCode::kResourceExhausted);
+
+  auto running = engine.Submit(Greedy(Ids(20, 32), 40));
+  ASSERT_TRUE(running.ok() && (*running)->Next().has_value());  // it holds a state now
+  runner->fail_new_states = 1;
+  auto deferred = engine.Submit(q);
+  ASSERT_TRUE(deferred.ok());
+  const Outcome later = Collect(**deferred)[0];
+  EXPECT_EQ(later.tokens, alone.tokens);
+  EXPECT_EQ(later.logprobs, alone.logprobs);
+  EXPECT_EQ(runner->fail_new_states.load(), 0);
+  EXPECT_EQ(engine.Stats().preemptions_total, 0);
+  Collect(**running);
 }
 
 TEST(Engine, NSamplesShareThePromptAndSampleZeroMatchesNOne) {

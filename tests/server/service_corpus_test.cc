@@ -14,15 +14,6 @@
 namespace dsinfer::server::testing {
 namespace {
 
-InProcessService& Service() {
-  static InProcessService* service = [] {
-    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
-    EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
-    return new InProcessService(std::move(tokenizer).value());
-  }();
-  return *service;
-}
-
 TEST(ServiceCorpus, EveryEntryGetsADocumentedWellFormedReply) {
   const std::filesystem::path dir =
       std::filesystem::path(DSINFER_SOURCE_DIR) / "tests/fuzz/corpus_service";

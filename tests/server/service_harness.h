@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -34,14 +35,25 @@ class TextEngine final : public EnginePort {
   explicit TextEngine(const text::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string text;  // what every choice generates
   EngineFailure failure = EngineFailure::kNone;
+  runtime::RequestParams last_params;  // of the latest request submitted (the rendered prompt)
 
   Result<std::shared_ptr<runtime::RequestStream>> Submit(runtime::RequestParams params) override {
     if (failure == EngineFailure::kRefuse) return ResourceExhausted("request queue is full");
+    last_params = params;
     auto stream = std::make_shared<runtime::RequestStream>("harness");
     auto encoded = tokenizer_.Encode(text, /*allow_special=*/true);
     const std::vector<int32_t> tokens = encoded.ok() ? *encoded : std::vector<int32_t>{};
     runtime::Usage usage;
     usage.prompt_tokens = static_cast<int64_t>(params.prompt.size());
+    // Prompt logprobs: made-up values, distinct per position, with the token itself on top.
+    std::vector<runtime::TokenLogprob> prompt_logprobs;
+    if (params.prompt_logprobs >= 0)
+      for (size_t i = 1; i < params.prompt.size(); ++i) {
+        runtime::TokenLogprob lp{params.prompt[i], -0.5f - 0.125f * static_cast<float>(i), {}};
+        for (int k = 0; k < params.prompt_logprobs; ++k)
+          lp.top.push_back({k == 0 ? params.prompt[i] : k, lp.logprob - static_cast<float>(k)});
+        prompt_logprobs.push_back(std::move(lp));
+      }
     for (int n = 0; n < params.n; ++n) {
       for (size_t i = 0;; ++i) {
         runtime::StreamEvent event;
@@ -65,6 +77,7 @@ class TextEngine final : public EnginePort {
               at_limit ? runtime::FinishReason::kLength : runtime::FinishReason::kStop;
         }
         event.usage = usage;
+        if (n == 0 && i == 0) event.prompt_logprobs = prompt_logprobs;
         stream->Push(event);
         if (event.finished) break;
       }
@@ -163,12 +176,18 @@ class InProcessService {
       "/v1/chat/completions",      "/v1/completions", "/v1/responses", "/v1/messages",
       "/v1/messages/count_tokens", "/tokenize",       "/detokenize",   "/v1/chat/completions"};
 
-  explicit InProcessService(text::Tokenizer tokenizer)
+  explicit InProcessService(text::Tokenizer tokenizer, ModelInfo info = DefaultInfo())
       : tokenizer_(std::move(tokenizer)), engine_(tokenizer_), service_(ServiceOptions{}) {
-    ModelInfo info;
-    info.max_model_len = 4096;
     service_.Attach(&engine_, &tokenizer_, info);
   }
+  static ModelInfo DefaultInfo() {
+    ModelInfo info;
+    info.max_model_len = 4096;
+    return info;
+  }
+  const text::Tokenizer& tokenizer() const { return tokenizer_; }
+  // What the engine was asked for by the latest request that reached it.
+  const runtime::RequestParams& last_params() const { return engine_.last_params; }
   static std::string TokenizerPath() {
     return std::string(DSINFER_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json";
   }
@@ -182,6 +201,7 @@ class InProcessService {
     request.body = std::move(body);
     engine_.text = std::move(generated);
     engine_.failure = failure;
+    engine_.last_params = {};
     Reply reply;
     CheckingSink sink(reply, failure);
     service_.Handle(request, sink);
@@ -209,5 +229,16 @@ class InProcessService {
   TextEngine engine_;
   Service service_;
 };
+
+// One service for a test binary (loading the tokenizer takes a while): the default options, the
+// V4 test tokenizer, a 4096-token context.
+inline InProcessService& Service() {
+  static InProcessService* service = [] {
+    auto tokenizer = text::Tokenizer::FromFile(InProcessService::TokenizerPath());
+    if (!tokenizer.ok()) std::abort();  // the fixture is part of the repository
+    return new InProcessService(std::move(tokenizer).value());
+  }();
+  return *service;
+}
 
 }  // namespace dsinfer::server::testing

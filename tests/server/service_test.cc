@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -206,6 +207,10 @@ class ServiceTest : public ::testing::Test {
     ServiceOptions options;
     options.served_model_name = "test-model";
     options.api_keys = {"sk-test"};
+    options.access_log = [this](const std::string& line) {
+      std::lock_guard lock(log_mu_);
+      access_log_.push_back(line);
+    };
     service_ = std::make_unique<Service>(options);
     ModelInfo info;
     info.max_model_len = 4096;
@@ -223,6 +228,13 @@ class ServiceTest : public ::testing::Test {
   }
   void TearDown() override { server_.reset(); }
 
+  std::vector<std::string> AccessLog() {
+    std::lock_guard lock(log_mu_);
+    return access_log_;
+  }
+
+  std::mutex log_mu_;
+  std::vector<std::string> access_log_;
   ScriptedEngine engine_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<HttpServer> server_;
@@ -491,6 +503,51 @@ TEST_F(ServiceTest, MetricsUseVllmNames) {
         "dsinfer:e2e_request_latency_seconds_bucket",
         "dsinfer:request_success_total{finished_reason=\"stop\"} 1"})
     EXPECT_NE(m.body.find(name), std::string::npos) << name;
+}
+
+// HEAD gets a GET's status and headers, Content-Length included, and no body, so kept-alive
+// clients (AIPerf's metrics collector) stay in step; /version, /v1/models/{id}.
+TEST_F(ServiceTest, HeadRequestsVersionAndModelRetrieval) {
+  for (const char* path : {"/metrics", "/health", "/v1/models", "/version", "/"}) {
+    HttpReply get = Request(port_, "GET", path, "");
+    HttpReply head = Request(port_, "HEAD", path, "");
+    EXPECT_EQ(head.status, get.status) << path;
+    EXPECT_EQ(head.body, "") << path;
+    EXPECT_NE(head.headers.find("content-length: "), std::string::npos) << path;
+  }
+  HttpReply head405 = Request(port_, "HEAD", "/v1/chat/completions", "");
+  EXPECT_EQ(head405.status, 405);
+  EXPECT_EQ(head405.body, "");
+  Json version = Json::parse(Request(port_, "GET", "/version", "", "").body);
+  EXPECT_FALSE(version["version"].get<std::string>().empty());
+  HttpReply model = Request(port_, "GET", "/v1/models/test-model", "");
+  ASSERT_EQ(model.status, 200);
+  EXPECT_EQ(Json::parse(model.body)["id"], "test-model");
+  EXPECT_EQ(Json::parse(model.body)["max_model_len"], 4096);
+  HttpReply other = Request(port_, "GET", "/v1/models/gpt-4", "");
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(Json::parse(other.body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(Request(port_, "POST", "/v1/models/test-model", "{}").status, 405);
+}
+
+// One access-log line per request: method, path, status, tokens, latency; no key, no body.
+TEST_F(ServiceTest, AccessLogLinePerRequest) {
+  engine_.script = "</think>four five";
+  ASSERT_EQ(Request(port_, "POST", "/v1/chat/completions?x=secret-query",
+                    R"({"messages":[{"role":"user","content":"secret-body"}]})")
+                .status,
+            200);
+  ASSERT_EQ(Request(port_, "GET", "/nope", "").status, 404);
+  std::vector<std::string> log;
+  for (int i = 0; i < 100 && (log = AccessLog()).size() < 2; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].rfind("access POST /v1/chat/completions 200 prompt_tokens=", 0), 0u) << log[0];
+  EXPECT_NE(log[0].find("completion_tokens=3"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("latency_ms="), std::string::npos);
+  EXPECT_EQ(log[1].rfind("access GET /nope 404 ", 0), 0u) << log[1];
+  for (const auto& line : log)
+    for (const char* secret : {"sk-test", "secret-body", "secret-query"})
+      EXPECT_EQ(line.find(secret), std::string::npos) << line;
 }
 
 }  // namespace

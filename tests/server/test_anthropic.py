@@ -68,3 +68,27 @@ def test_image_input_is_422(claude, model):
     with pytest.raises(anthropic.UnprocessableEntityError):
         claude.messages.create(model=model, max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
+
+
+def test_tool_choice_any_and_forced_tool_never_lose_output(claude, model):
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    # "any" follows the official converter: the model may call a tool; nothing it writes is lost.
+    with claude.messages.stream(model=model, max_tokens=12, messages=MSG, tools=tools,
+                                tool_choice={"type": "any"}, thinking={"type": "disabled"},
+                                extra_body={"ignore_eos": True}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.content and (text or any(b.type == "tool_use" for b in final.content))
+    m = claude.messages.create(model=model, max_tokens=12, messages=MSG, tools=tools,
+                               tool_choice={"type": "tool", "name": "get_weather"},
+                               thinking={"type": "disabled"}, extra_body={"ignore_eos": True})
+    assert any((b.type == "text" and b.text) or b.type == "tool_use" for b in m.content)
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        claude.messages.create(model=model, max_tokens=4, messages=MSG, tools=tools,
+                               tool_choice={"type": "tool", "name": "get_weather"})
+
+
+def test_thinking_budget_of_the_wrong_type_is_400(claude, model):
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        claude.messages.create(model=model, max_tokens=4, messages=MSG,
+                               thinking={"type": "enabled", "budget_tokens": "lots"})

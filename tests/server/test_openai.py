@@ -100,9 +100,21 @@ def test_completions(oai, model):
     r = oai.completions.create(model=model, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 4
-    echoed = oai.completions.create(model=model, prompt="Hello", max_tokens=1, echo=True, logprobs=1)
+    echoed = oai.completions.create(model=model, prompt="Hello", max_tokens=1, echo=True)
     assert echoed.choices[0].text.startswith("Hello")
-    assert len(echoed.choices[0].logprobs.tokens) == 1
+    scored = oai.completions.create(model=model, prompt="Hello", max_tokens=1, logprobs=1,
+                                    extra_body={"ignore_eos": True})
+    assert len(scored.choices[0].logprobs.tokens) == 1 and scored.choices[0].logprobs.text_offset == [0]
+    # Scoring the prompt (echo + logprobs, lm-eval's loglikelihood): the prompt's tokens come back
+    # with their logprobs (none for the first, which nothing predicts) and nothing is generated.
+    prompt = oai.completions.create(model=model, prompt="Hello world, hello", max_tokens=0,
+                                    echo=True, logprobs=1)
+    lp = prompt.choices[0].logprobs
+    assert prompt.choices[0].text == "Hello world, hello" and prompt.usage.completion_tokens == 0
+    assert len(lp.tokens) == len(lp.token_logprobs) == prompt.usage.prompt_tokens >= 3
+    assert lp.token_logprobs[0] is None
+    assert all(x is not None and -1e4 < x <= 0 for x in lp.token_logprobs[1:])
+    assert len(set(lp.token_logprobs[1:])) > 1  # scored per token, not a constant
     chunks = list(oai.completions.create(model=model, prompt="Hi", max_tokens=3, stream=True,
                                          extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) is not None
@@ -237,3 +249,42 @@ def test_unsupported_features_are_422(oai, model):
                                     response_format={"type": "regex", "regex": "a+"})
     with pytest.raises(openai.UnprocessableEntityError):
         oai.responses.create(model=model, input="hi", previous_response_id="resp_x")
+
+
+def test_developer_role_models_retrieve_and_version(oai, model, key):
+    r = oai.chat.completions.create(model=model, max_tokens=2,
+                                    messages=[{"role": "developer", "content": "Be brief."}] + USER)
+    plain = oai.chat.completions.create(model=model, max_tokens=2, messages=USER)
+    assert r.usage.prompt_tokens > plain.usage.prompt_tokens  # the developer text is in the prompt
+    m = oai.models.retrieve(model)
+    assert m.id == model and m.model_extra["max_model_len"] == 4096
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("gpt-4o")
+    assert http("GET", "/version").json()["version"]
+    head = http("HEAD", "/metrics", key=key)
+    assert head.status_code == 200 and head.text == "" and int(head.headers["content-length"]) > 0
+
+
+def test_forced_tool_choice_never_loses_output(oai, model):
+    # Thinking must be off for a forced call (the official converter refuses it with thinking).
+    with pytest.raises(openai.BadRequestError, match="thinking"):
+        oai.chat.completions.create(model=model, messages=USER, tools=TOOLS, tool_choice="required",
+                                    max_tokens=4)
+    r = oai.chat.completions.create(model=model, messages=USER, tools=TOOLS, max_tokens=12,
+                                    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                    extra_body={"thinking": {"type": "disabled"}, "ignore_eos": True})
+    msg = r.choices[0].message
+    # Random weights write no valid call: whatever they wrote comes back as text (or a call).
+    assert msg.tool_calls or msg.content
+    assert r.usage.completion_tokens == 12
+
+
+def test_sdk_stream_helper(oai, model):
+    with oai.chat.completions.stream(model=model, messages=USER, max_tokens=6,
+                                     extra_body={"ignore_eos": True,
+                                                 "thinking": {"type": "disabled"}}) as stream:
+        deltas = [e.delta for e in stream if e.type == "content.delta"]
+        # get_final_completion() refuses a length-cut answer; the accumulated snapshot is it.
+        final = stream.current_completion_snapshot
+    assert "".join(deltas) == final.choices[0].message.content
+    assert final.choices[0].finish_reason == "length"

@@ -319,5 +319,96 @@ TEST(ChatParser, HoldsBackPartialMarkersAndSplitCharacters) {
   EXPECT_EQ(parser.result().content, "ok 日<｜DS");
 }
 
+// Parses `text` in pieces of `chunk` bytes (0: whole) in serving mode; the concatenated content
+// deltas must equal the result's content.
+ParseResult ParseRecovering(const std::string& text, OutputParserOptions o, BackendFinish finish,
+                            size_t chunk = 0) {
+  o.recover_unparsed = true;
+  OutputParser parser(o);
+  std::string content;
+  auto take = [&](const std::vector<ParserEvent>& events) {
+    for (const auto& e : events)
+      if (e.kind == ParserEvent::Kind::kContent) content += e.text;
+  };
+  for (size_t at = 0; at < text.size(); at += chunk ? chunk : text.size())
+    take(parser.Feed(std::string_view(text).substr(at, chunk ? chunk : text.size())));
+  take(parser.Finish(finish));
+  EXPECT_EQ(content, parser.result().content);
+  return parser.result();
+}
+
+// Serving mode: whatever the model writes reaches the client. Cut after every byte, a tool-call
+// block gives either an announced call or its text as content, never nothing; the result does not
+// depend on how the bytes arrive.
+TEST(ChatParserRecovery, ToolBlockCutAtEveryByteIsNeverLost) {
+  const std::string answer = "Checking.";
+  const std::string block =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
+      "name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke "
+      "name=\"get_time\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  OutputParserOptions o;
+  o.thinking = ThinkingStage::kOff;
+  for (size_t cut = 0; cut <= block.size(); ++cut) {
+    const std::string text = answer + block.substr(0, cut);
+    const ParseResult whole = ParseRecovering(text, o, BackendFinish::kLength);
+    const ParseResult bytes = ParseRecovering(text, o, BackendFinish::kLength, 1);
+    EXPECT_EQ(whole.content, bytes.content) << cut;
+    EXPECT_EQ(whole.tool_calls.size(), bytes.tool_calls.size()) << cut;
+    const bool wrote_markup = block.substr(0, cut).find_first_not_of("\n") != std::string::npos;
+    if (wrote_markup) {
+      EXPECT_TRUE(!whole.tool_calls.empty() || whole.content.size() > answer.size())
+          << "cut " << cut << ": " << text;
+    }
+    EXPECT_EQ(whole.content.rfind(answer, 0), 0u);
+  }
+  // The oracle's parse of a block cut inside the first call's name keeps only the answer.
+  OutputParserOptions oracle = o;
+  OutputParser strict(oracle);
+  strict.Feed(answer + "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_wea");
+  strict.Finish(BackendFinish::kLength);
+  EXPECT_EQ(strict.result().content, answer);
+  EXPECT_EQ(ParseRecovering(answer + "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_wea", o,
+                            BackendFinish::kLength)
+                .content,
+            answer + "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_wea");
+}
+
+// tool_choice required opens the block in the prompt: text that never becomes a call is the answer.
+TEST(ChatParserRecovery, ForcedToolBlockWithoutACallIsContent) {
+  OutputParserOptions o;
+  o.starts_in_tool_calls = true;
+  for (BackendFinish finish : {BackendFinish::kStop, BackendFinish::kLength}) {
+    const ParseResult r = ParseRecovering("I would rather answer: 42", o, finish, 3);
+    EXPECT_EQ(r.content, "I would rather answer: 42");
+    EXPECT_TRUE(r.tool_calls.empty());
+  }
+  // A complete call, then the block cut before the next one: the call, and the text after it.
+  const ParseResult r =
+      ParseRecovering("<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke na", o,
+                      BackendFinish::kLength);
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.content, "\n<｜DSML｜invoke na");
+  // Whitespace alone after a complete call is nothing to report.
+  EXPECT_EQ(
+      ParseRecovering("<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n", o, BackendFinish::kLength)
+          .content,
+      "");
+}
+
+// json_object: surrounding text becomes one space, as the oracle does, but output with no JSON at
+// all is returned as it is (the oracle returns " ").
+TEST(ChatParserRecovery, JsonModeWithoutJsonKeepsTheText) {
+  OutputParserOptions o;
+  o.thinking = ThinkingStage::kOff;
+  o.parse_json_output = true;
+  EXPECT_EQ(ParseRecovering("no json here, sorry", o, BackendFinish::kStop, 2).content,
+            "no json here, sorry");
+  EXPECT_EQ(ParseRecovering("Here: {\"a\": 1}", o, BackendFinish::kStop, 1).content, " {\"a\": 1}");
+  OutputParser strict(o);
+  strict.Feed("no json here, sorry");
+  strict.Finish(BackendFinish::kStop);
+  EXPECT_EQ(strict.result().content, " ");
+}
+
 }  // namespace
 }  // namespace dsinfer::text

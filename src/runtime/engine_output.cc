@@ -1,0 +1,178 @@
+// What a step gives each sequence: the token draws (sampling, logprobs) and prompt logprobs,
+// computed on the runner's idle threads as pure functions of their sequence, then applied on the
+// engine thread in batch order: n > 1 forks, stop and length checks, usage, stream events.
+#include <algorithm>
+
+#include "runtime/engine_impl.h"
+
+namespace dsinfer::runtime {
+
+namespace {
+
+uint64_t SampleSeed(uint64_t seed, int index) {
+  return seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index);
+}
+
+}  // namespace
+
+StreamEvent Engine::Impl::NewEvent(Sequence& s) {
+  StreamEvent ev;
+  ev.index = s.index;
+  ev.queued_at = s.req->queued_at;
+  ev.scheduled_at = s.req->scheduled_at;
+  if (!s.req->any_event) ev.prompt_logprobs = std::move(s.req->prompt_logprobs);
+  s.req->any_event = true;
+  return ev;
+}
+
+void Engine::Impl::Finish(Sequence& s, FinishReason reason, Status error) {
+  StreamEvent ev = NewEvent(s);
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.error = std::move(error);
+  ev.usage = s.req->usage;
+  s.req->n_live--;
+  ++finished_by_reason[FinishReasonName(reason)];
+  s.req->stream->Push(std::move(ev));
+  s.state.reset();
+  s.finished = true;
+}
+
+void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
+  const RequestParams& p = s.req->params;
+  // n > 1: the prompt was computed once; fork the other samples from its state now.
+  if (Forks(s)) {
+    s.forked = true;
+    for (int i = 1; i < p.n; ++i) {
+      auto copy = std::make_unique<Sequence>();
+      copy->id = next_id++;
+      copy->req = s.req;
+      copy->index = i;
+      auto state = model->Copy(*s.state);
+      if (!state.ok()) {  // no device memory for this sample's copy: it fails, the others go on
+        Finish(*copy, FinishReason::kError, state.status());
+        continue;
+      }
+      copy->state = std::move(state).value();
+      copy->tokens = s.tokens;
+      copy->n_prompt = s.n_prompt;
+      copy->forked = true;
+      Sequence& c = *copy;
+      seqs.emplace(c.id, std::move(copy));
+      forks.emplace_back(c.id, s.id);
+      Sample(c, raw);
+    }
+  }
+  Emit(s, DrawToken(s, raw));
+}
+
+engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
+  const RequestParams& p = s.req->params;
+  std::vector<float> logits(raw.begin(), raw.end());
+  std::vector<int32_t> banned;
+  const int eos = weights.config().eos_token_id;
+  if (static_cast<int>(s.generated.size()) < p.min_tokens) {
+    banned = p.stop_token_ids;
+    if (!p.ignore_eos) banned.push_back(eos);
+  }
+  LogitsAdjustments adj{p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
+                        &p.logit_bias, &banned};
+  AdjustLogits(logits, adj, std::span<const int32_t>(s.tokens.data(), s.n_prompt), s.generated);
+  SamplingParams sp = p.sampling;
+  sp.seed = SampleSeed(s.req->seed, s.index);
+  Draw draw;
+  draw.token = runtime::Sample(logits, sp, s.generated.size());
+  if (p.top_logprobs >= 0) {
+    draw.has_logprob = true;
+    draw.logprob.token = draw.token;
+    double log_normalizer = 0.0;
+    draw.logprob.logprob = LogprobOf(raw, draw.token, &log_normalizer);
+    draw.logprob.top = TopLogprobs(raw, p.top_logprobs, &log_normalizer);
+  }
+  return draw;
+}
+
+TokenLogprob Engine::Impl::PromptLogprob(const Sequence& s, int64_t position,
+                                         std::span<const float> raw) const {
+  TokenLogprob lp;
+  lp.token = s.tokens[position + 1];
+  double log_normalizer = 0.0;
+  lp.logprob = LogprobOf(raw, lp.token, &log_normalizer);
+  lp.top = TopLogprobs(raw, s.req->params.prompt_logprobs, &log_normalizer);
+  return lp;
+}
+
+void Engine::Impl::Emit(Sequence& s, Draw draw) {
+  const RequestParams& p = s.req->params;
+  const int eos = weights.config().eos_token_id;
+  const int32_t tok = draw.token;
+
+  StreamEvent ev = NewEvent(s);
+  bool is_stop =
+      (!p.ignore_eos && tok == eos) ||
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
+  s.req->usage.completion_tokens++;
+  ++generation_tokens;
+  s.generated.push_back(tok);
+  if (!is_stop) {
+    ev.tokens.push_back(tok);
+    if (draw.has_logprob) ev.logprobs.push_back(std::move(draw.logprob));
+  }
+  int64_t total_len = static_cast<int64_t>(s.tokens.size()) + 1;
+  bool length = static_cast<int>(s.generated.size()) >= p.max_tokens ||
+                (options.max_model_len > 0 && total_len >= options.max_model_len);
+  ev.usage = s.req->usage;
+  if (is_stop || length) {
+    ev.finished = true;
+    ev.finish_reason = is_stop ? FinishReason::kStop : FinishReason::kLength;
+    s.req->n_live--;
+    ++finished_by_reason[FinishReasonName(ev.finish_reason)];
+    s.state.reset();
+    s.finished = true;
+  } else {
+    s.tokens.push_back(tok);
+  }
+  s.req->stream->Push(std::move(ev));
+}
+
+void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
+  const int64_t vocab = weights.config().vocab_size;
+  // One job per prompt-logprob row and per sampling row, but for forking sequences (their draws
+  // stay on this thread). slot: the row's place in run->prompt_logprobs, -1 for the draw.
+  struct Job {
+    ChunkRun* run;
+    int32_t row;
+    int64_t slot;
+  };
+  std::vector<Job> jobs;
+  for (ChunkRun& r : batch) {
+    const ScheduledChunk& c = *r.plan;
+    for (int32_t row : c.logit_rows) {
+      if (c.start + row < r.seq->n_prompt - 1) {
+        jobs.push_back({&r, row, static_cast<int64_t>(r.prompt_logprobs.size())});
+        r.prompt_logprobs.emplace_back();
+      } else if (c.samples && row == c.n_tokens - 1 && !Forks(*r.seq)) {
+        jobs.push_back({&r, row, -1});
+      }
+    }
+  }
+  model->ParallelFor(static_cast<int64_t>(jobs.size()), [&](int64_t k) {
+    ChunkRun& r = *jobs[k].run;
+    const std::span<const float> logits = r.Row(jobs[k].row, vocab);
+    if (jobs[k].slot >= 0)
+      r.prompt_logprobs[jobs[k].slot] = PromptLogprob(*r.seq, r.plan->start + jobs[k].row, logits);
+    else
+      r.draw = DrawToken(*r.seq, logits);
+  });
+  for (ChunkRun& r : batch) {
+    auto& prompt_logprobs = r.seq->req->prompt_logprobs;
+    for (TokenLogprob& lp : r.prompt_logprobs) prompt_logprobs.push_back(std::move(lp));
+    if (!r.plan->samples) continue;
+    if (r.draw.has_value())
+      Emit(*r.seq, std::move(*r.draw));
+    else
+      Sample(*r.seq, r.Row(static_cast<int32_t>(r.plan->n_tokens - 1), vocab));
+  }
+}
+
+}  // namespace dsinfer::runtime
