@@ -110,6 +110,7 @@ int RunInspect(int argc, char** argv) {
 Status GpuLogits(int ordinal, const model::ModelWeights& weights, backend::Numerics numerics,
                  const std::vector<int32_t>& ids, size_t step, std::vector<float>* all) {
 #ifdef DSINFER_HAVE_CUDA
+  DSINFER_RETURN_IF_ERROR(backend::cuda::CudaModel::Supports(weights.config()));
   DSINFER_ASSIGN_OR_RETURN(auto dev, backend::cuda::CudaDevice::Open(ordinal));
   DSINFER_ASSIGN_OR_RETURN(auto model, backend::cuda::CudaModel::Create(*dev, weights, numerics));
   DSINFER_ASSIGN_OR_RETURN(auto seq, model->NewSequence());

@@ -161,15 +161,21 @@ Status V41OnGpu(const char* op) {
 }
 }  // namespace
 
+Status CudaModel::Supports(const model::ModelConfig& c) {
+  if (c.V41())
+    return Unimplemented(
+        "the CUDA backend does not run DeepSeek-V4.1 checkpoints yet (CSA2 roles, single-pass "
+        "mHC, Engram and the V4.1 KV formats are implemented on the CPU backend only): use "
+        "--device cpu");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
                                                      const model::ModelWeights& weights,
                                                      Numerics numerics, Fp8GemmPath fp8_gemm,
                                                      ExpertGemmPath experts) {
   const model::ModelConfig& c = weights.config();
-  if (c.V41())
-    return Unimplemented(
-        "CudaModel: DeepSeek-V4.1 checkpoints are not supported on the GPU yet (CSA2 roles, "
-        "single-pass mHC, Engram and the V4.1 KV formats run on the CPU backend: --device cpu)");
+  DSINFER_RETURN_IF_ERROR(Supports(c));
   if (c.hc_mult < 1 || c.hc_mult > 8) return InvalidArgument("CudaModel: hc_mult must be 1..8");
   if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
     return InvalidArgument("CudaModel: index_head_dim must be a power of two <= 4096");

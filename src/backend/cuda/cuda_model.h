@@ -97,6 +97,9 @@ enum class ExpertGemmPath : uint8_t {
 
 class CudaModel final : private V4Ops {
  public:
+  // Whether the GPU forward runs this model family: DeepSeek-V4 only. Callers check it before
+  // opening a device, so a V4.1 checkpoint gets this error on any machine, GPU or not.
+  static Status Supports(const model::ModelConfig& config);
   // Uploads every weight (backbone and MTP) to `dev`, which must outlive the model.
   static Result<std::unique_ptr<CudaModel>> Create(CudaDevice& dev,
                                                    const model::ModelWeights& weights,
