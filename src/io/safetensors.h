@@ -102,6 +102,9 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   // nullptr info when absent.
   TensorRef Find(const std::string& name) const;
+  // MappedFile::AdviseRandom over the tensor's bytes (a no-op for a copied shard); NotFound for
+  // an unknown name.
+  Status AdviseRandomAccess(const std::string& name) const;
   std::vector<std::string> TensorNames() const;  // sorted
   uint64_t TotalBytes() const;                   // sum of all shard file sizes
   // Every shard copied into anonymous memory (MappedFile::CopyIntoMemory), before any TensorRef

@@ -457,6 +457,11 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(
   WalkModel(binder, config, mw.get());
   DSINFER_RETURN_IF_ERROR(binder.status);
   if (config.engram.enabled()) DSINFER_RETURN_IF_ERROR(BindEngramTokenMap(*mw));
+  // Engram tables are read a row at a time (24 rows of one table per token, spec §14.5): no
+  // readahead, or every row fault would read (and keep) the pages around it.
+  for (const std::string& name : mw->checkpoint_->TensorNames())
+    if (name.ends_with(".engram.embed.weight") || name.ends_with(".engram.embed.scale"))
+      DSINFER_RETURN_IF_ERROR(mw->checkpoint_->AdviseRandomAccess(name));
   // V4.1's vision tower is not run (text only): its tensors are recognised and left alone.
   for (const std::string& name : mw->checkpoint_->TensorNames())
     if (name.rfind("vision.", 0) == 0 || name.rfind("aligner.", 0) == 0 || name == "image_start" ||
