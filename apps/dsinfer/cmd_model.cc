@@ -15,6 +15,7 @@
 #endif
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "model/demo_model.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
@@ -50,12 +51,16 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 int RunCreateDemoModel(int argc, char** argv) {
   const char* usage =
-      "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench] [--seed N] "
-      "[--tokenizer FILE]";
+      "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench|tiny-v41-a|"
+      "tiny-v41-b|tiny-v41-c|demo-v4.1|demo-v4.1-bigengram|bench-v4.1] [--seed N] "
+      "[--tokenizer FILE [--tokenizer-overlay FILE]] [--sparse-engram]";
   Args args;
-  if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer"}, {}) ||
+  if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer", "tokenizer-overlay"},
+                  {"sparse-engram"}) ||
       args.positional().size() != 1)
     return Usage(usage, args.error());
+  if (args.Has("tokenizer-overlay") && !args.Has("tokenizer"))
+    return Usage(usage, "--tokenizer-overlay needs --tokenizer");
   long long seed = 1, threads = 0;
   if (!args.GetInt("seed", &seed) || !args.GetInt("threads", &threads))
     return Usage(usage, args.error());
@@ -64,16 +69,24 @@ int RunCreateDemoModel(int argc, char** argv) {
   ThreadPool pool(static_cast<int>(threads));
   model::DemoModelOptions options;
   options.seed = static_cast<uint64_t>(seed);
+  options.sparse_engram_tables = args.Has("sparse-engram");
+  if (auto tok = args.Get("tokenizer")) {
+    // The model directory carries its tokenizer, as published checkpoints do; the V4.1 one is
+    // V4's with an overlay (tests/fixtures/v41/tokenizer_overlay.json).
+    auto text = io::ReadTextFile(*tok);
+    if (!text.ok()) return Fail(text.status());
+    options.tokenizer_json = std::move(text).value();
+    if (auto overlay_path = args.Get("tokenizer-overlay")) {
+      auto overlay = io::ReadTextFile(*overlay_path);
+      if (!overlay.ok()) return Fail(overlay.status());
+      auto applied = text::ApplyAddedTokenOverlay(options.tokenizer_json, *overlay);
+      if (!applied.ok()) return Fail(applied.status().WithContext(*overlay_path));
+      options.tokenizer_json = std::move(applied).value();
+    }
+  }
   auto t0 = std::chrono::steady_clock::now();
   Status st = model::WriteDemoModel(*config, args.positional()[0], options, pool);
   if (!st.ok()) return Fail(st);
-  if (auto tok = args.Get("tokenizer")) {
-    // The model directory carries its tokenizer, as published checkpoints do.
-    std::error_code ec;
-    std::filesystem::copy_file(*tok, args.positional()[0] + "/tokenizer.json",
-                               std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return Fail(IoError("cannot copy tokenizer " + *tok + ": " + ec.message()));
-  }
   std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", args.positional()[0].c_str(),
                config->Summary().c_str(), Seconds(t0, std::chrono::steady_clock::now()));
   return 0;
@@ -98,6 +111,7 @@ int RunInspect(int argc, char** argv) {
 Status GpuLogits(int ordinal, const model::ModelWeights& weights, backend::Numerics numerics,
                  const std::vector<int32_t>& ids, size_t step, std::vector<float>* all) {
 #ifdef DSINFER_HAVE_CUDA
+  DSINFER_RETURN_IF_ERROR(backend::cuda::CudaModel::Supports(weights.config()));
   DSINFER_ASSIGN_OR_RETURN(auto dev, backend::cuda::CudaDevice::Open(ordinal));
   DSINFER_ASSIGN_OR_RETURN(auto model, backend::cuda::CudaModel::Create(*dev, weights, numerics));
   DSINFER_ASSIGN_OR_RETURN(auto seq, model->NewSequence());

@@ -229,11 +229,32 @@ int RunServe(int argc, char** argv) {
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
   if (!device) return Usage("--device must be cpu, cuda or cuda:N");
 
+  // The checkpoint's family (config.json) sets the chat encoding and the default served name:
+  // DeepSeek-V4.1 checkpoints render with the V4.1 encoding as 'deepseek-v4.1-flash'. An
+  // explicit --model-version must agree with it.
+  const std::string model_dir = args.GetOr("model", "demo-model");
+  std::error_code ec;
+  bool checkpoint_v41 = false;
+  if (fs::exists(fs::path(model_dir) / "config.json", ec)) {
+    auto config = model::ModelConfig::FromFile((fs::path(model_dir) / "config.json").string());
+    if (!config.ok()) {
+      std::fprintf(stderr, "dsinfer serve: %s/config.json: %s\n", model_dir.c_str(),
+                   config.status().ToString().c_str());
+      return 1;
+    }
+    checkpoint_v41 = config->V41();
+  }
+  const std::string version = args.GetOr("model-version", checkpoint_v41 ? "v4.1" : "v4");
+  if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
+  if ((version == "v4.1") != checkpoint_v41 && fs::exists(fs::path(model_dir) / "config.json", ec))
+    return Usage("--model-version " + version + " does not match the checkpoint, a DeepSeek-" +
+                 (checkpoint_v41 ? "V4.1" : "V4") + " model");
+
   server::ServiceOptions service_options;
   // vLLM's --served-model-name takes several names; here they are comma-separated. The first is
   // the name responses report; all of them are accepted.
-  const std::vector<std::string> served_names =
-      SplitCommas(args.GetOr("served-model-name", "deepseek-v4-flash"));
+  const std::vector<std::string> served_names = SplitCommas(args.GetOr(
+      "served-model-name", version == "v4.1" ? "deepseek-v4.1-flash" : "deepseek-v4-flash"));
   if (served_names.empty()) return Usage("--served-model-name must name the model");
   for (const auto& name : served_names)
     if (name.empty()) return Usage("--served-model-name: empty name in the list");
@@ -243,8 +264,6 @@ int RunServe(int argc, char** argv) {
     if (!ParseSchedulerMetrics(*metrics, &service_options.scheduler_metrics))
       return Usage("--scheduler-metrics takes none or waiting=NAME,running=NAME,kv_usage=NAME");
   }
-  std::string version = args.GetOr("model-version", "v4");
-  if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
 
   // Signals go to a signalfd; block them before any thread starts so every thread inherits it.
   sigset_t signals;
@@ -311,8 +330,6 @@ int RunServe(int argc, char** argv) {
   Log("listening on http://%s (auth %s)", http_options.host + ":" + std::to_string((*http)->port()),
       service_options.api_keys.empty() ? "off" : "on");
 
-  std::string model_dir = args.GetOr("model", "demo-model");
-  std::error_code ec;
   if (!args.Has("model") && !fs::exists(fs::path(model_dir) / "config.json", ec)) {
     Log("no --model given and ./%s is missing: writing the demo model (preset demo)%s", model_dir);
     auto config = model::PresetConfig("demo");

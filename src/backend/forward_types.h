@@ -25,6 +25,7 @@ struct StepStats {
   int64_t routed_expert_bytes = 0;  // weights of every routed expert that received >= 1 token
   int64_t n_routed_experts_used = 0;
   int64_t kv_bytes = 0;  // sequence state read by attention (window rows, compressed rows, keys)
+  int64_t engram_bytes = 0;  // V4.1 Engram table rows read (codes and scales)
   // Multiply-adds of the step: every linear layer (each token times the weights it goes through:
   // a routed expert only for its tokens, the head only for the rows asked for), attention scores
   // and values over the visible rows, indexer scores. Left out, under 0.5 % of a token's: the mHC

@@ -1,6 +1,7 @@
 #include "backend/random_weights.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -53,9 +54,10 @@ HostWeight RandomWeight(std::mt19937& rng, model::WeightFormat format, int64_t r
           if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
         }
       }
-      v.block = 128;
-      v.scale_cols = (cols + 127) / 128;
-      scale_rows = (rows + 127) / 128;
+      v.block = options.fp8_block;
+      v.block_shift = std::countr_zero(static_cast<unsigned>(options.fp8_block));
+      v.scale_cols = (cols + options.fp8_block - 1) / options.fp8_block;
+      scale_rows = (rows + options.fp8_block - 1) / options.fp8_block;
       break;
     case model::WeightFormat::kFp4Packed:
       h.data.resize(static_cast<size_t>(rows * cols / 2));

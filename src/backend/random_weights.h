@@ -29,10 +29,11 @@ struct RandomWeightOptions {
   // maps to the e4m3 maximum (448), so subnormal codes are as rare as they are in real weights.
   bool fp8_trained_distribution = false;
   std::string name = "random.w";
+  int fp8_block = 128;  // FP8 scale block edge: 128 (V4) or 32 (V4.1)
 };
 
 // [rows, cols] in `format`: f32/bf16 values normal(0, 0.05); FP8 e4m3 codes (see
-// fp8_trained_distribution) with 128x128 block scales; FP4 e2m1 codes
+// fp8_trained_distribution) with fp8_block x fp8_block block scales; FP4 e2m1 codes
 // uniform with 1x32 block scales (cols a multiple of 32).
 HostWeight RandomWeight(std::mt19937& rng, model::WeightFormat format, int64_t rows, int64_t cols,
                         const RandomWeightOptions& options = {});

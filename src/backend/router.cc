@@ -10,7 +10,7 @@ float RouterSoftplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); 
 
 void RouteOneToken(const float* scores, int n_experts, int top_k, const int32_t* hash_ids,
                    const float* bias, float route_scale, int32_t* idx_scratch, int32_t* chosen,
-                   float* weights) {
+                   float* weights, float sum_eps, bool normalize) {
   const int E = n_experts, K = top_k;
   if (hash_ids != nullptr) {
     std::copy_n(hash_ids, K, chosen);
@@ -23,8 +23,13 @@ void RouteOneToken(const float* scores, int n_experts, int top_k, const int32_t*
     });
     std::copy_n(idx_scratch, K, chosen);
   }
+  if (!normalize) {
+    for (int k = 0; k < K; ++k) weights[k] = scores[chosen[k]] * route_scale;
+    return;
+  }
   float sum = 0.0f;
   for (int k = 0; k < K; ++k) sum += scores[chosen[k]];  // unbiased scores
+  sum += sum_eps;
   for (int k = 0; k < K; ++k) weights[k] = scores[chosen[k]] / sum * route_scale;
 }
 

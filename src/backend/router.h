@@ -14,8 +14,10 @@ float RouterSoftplus(float x);
 // tid2eid row, already validated) when non-null, else the top-K of scores + bias [E],
 // descending, ties to the lower expert id. Weights [K]: the unbiased scores of the chosen
 // experts normalised in slot order, times route_scale. idx_scratch: [E] workspace.
+// V4.1 (spec §14.6) divides by (sum + 1e-20) and normalises only when top_k > 1: sum_eps and
+// normalize say so (the defaults are V4's rule: for positive scores, sum + 0 is sum bit for bit).
 void RouteOneToken(const float* scores, int n_experts, int top_k, const int32_t* hash_ids,
                    const float* bias, float route_scale, int32_t* idx_scratch, int32_t* chosen,
-                   float* weights);
+                   float* weights, float sum_eps = 0.0f, bool normalize = true);
 
 }  // namespace dsinfer::backend

@@ -22,6 +22,10 @@ Status V4Forward::CheckTokens(std::span<const int32_t> tokens) const {
 Status V4Forward::CheckMtpInputs(std::span<const int32_t> next,
                                  std::span<const float> hidden) const {
   if (config_.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
+  if (config_.V41())
+    return Unimplemented(
+        "DeepSeek-V4.1's dSpark stages (mtp.*) are loaded and validated, but dSpark drafting is "
+        "not implemented");
   const int64_t HD = int64_t{config_.hc_mult} * config_.hidden;
   if (next.empty() || static_cast<int64_t>(hidden.size()) != static_cast<int64_t>(next.size()) * HD)
     return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");
@@ -38,8 +42,20 @@ Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) c
   // Embedding, copied into every stream (spec §3).
   DSINFER_ASSIGN_OR_RETURN(float* H, ops.Get(Buf::kH, T * HD));  // [T, hc, D]
   DSINFER_RETURN_IF_ERROR(ops.Embed(c.hc_mult, H));
+  StepContext ctx;
+  if (c.V41()) {
+    // Single-pass mHC (spec §14.4): layer 0's attention collapses H with the one-hot pre.
+    DSINFER_ASSIGN_OR_RETURN(float* carry, ops.Get(Buf::kCarry, T * c.hc_mult));  // [T, hc]
+    std::vector<float> one_hot(static_cast<size_t>(T * c.hc_mult), 0.0f);
+    for (int64_t t = 0; t < T; ++t) one_hot[t * c.hc_mult] = 1.0f;
+    DSINFER_RETURN_IF_ERROR(ops.Upload(one_hot.data(), T * c.hc_mult, carry));
+    ctx.carry = carry;
+    ctx.carry_stride = c.hc_mult;
+    // Engram's n-gram row ids, once per step for every Engram layer (spec §14.5).
+    if (c.engram.enabled()) DSINFER_RETURN_IF_ERROR(ops.EngramBegin());
+  }
   for (int li = 0; li < c.n_layers; ++li)
-    DSINFER_RETURN_IF_ERROR(Block(ops, plans_[li], T, n_segments, H));
+    DSINFER_RETURN_IF_ERROR(Block(ops, plans_[li], T, n_segments, H, ctx));
 
   result->logits.clear();
   result->hidden.clear();
@@ -47,7 +63,15 @@ Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) c
   if (n_logits > 0) {
     DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_logits * HD));  // [n, hc, D]
     DSINFER_RETURN_IF_ERROR(ops.GatherRows(H, req.logit_rows, HD, rows));
-    DSINFER_RETURN_IF_ERROR(Head(ops, -1, rows, n_logits, &result->logits));
+    if (c.V41()) {
+      // No hc_head: the last FFN's pre collapses the streams (spec §14.4).
+      DSINFER_ASSIGN_OR_RETURN(float* pre, ops.Get(Buf::kHeadPre, n_logits * ctx.carry_stride));
+      DSINFER_RETURN_IF_ERROR(ops.GatherRows(ctx.carry, req.logit_rows, ctx.carry_stride, pre));
+      DSINFER_RETURN_IF_ERROR(
+          Head(ops, -1, rows, n_logits, &result->logits, pre, ctx.carry_stride));
+    } else {
+      DSINFER_RETURN_IF_ERROR(Head(ops, -1, rows, n_logits, &result->logits));
+    }
   }
   const auto n_hidden = static_cast<int64_t>(req.hidden_rows.size());
   if (n_hidden > 0) {
@@ -82,7 +106,8 @@ Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
   DSINFER_RETURN_IF_ERROR(
       ops.Linear(L, Weight::kHProj, LinearMode::kQuantized, hn, n * c.hc_mult, X));
   DSINFER_RETURN_IF_ERROR(ops.AddToStreams(ep, X));
-  DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, 1, X));
+  StepContext ctx;
+  DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, 1, X, ctx));
   float* last = X + (n - 1) * HD;  // [hc, D] the last row's streams
   if (last_hidden != nullptr) {
     last_hidden->resize(static_cast<size_t>(HD));
@@ -92,11 +117,14 @@ Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
   return last_row_logits ? Head(ops, L, last, 1, logits) : Head(ops, L, X, n, logits);
 }
 
-Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows,
-                       std::vector<float>* logits) const {
+Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits,
+                       const float* pre, int64_t pre_stride) const {
   const model::ModelConfig& c = config_;
   DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kHeadY, rows * c.hidden));  // [rows, D]
-  DSINFER_RETURN_IF_ERROR(ops.HcHead(layer, H, rows, y));
+  if (pre != nullptr)
+    DSINFER_RETURN_IF_ERROR(ops.HcCollapse(H, rows, pre, pre_stride, y));
+  else
+    DSINFER_RETURN_IF_ERROR(ops.HcHead(layer, H, rows, y));
   DSINFER_RETURN_IF_ERROR(ops.RmsNorm(layer, Norm::kFinal, y, rows, c.hidden));
   DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, rows * c.vocab_size));  // [rows, V]
   DSINFER_RETURN_IF_ERROR(ops.Linear(layer, Weight::kHead, LinearMode::kFp32, y, rows, dl));
@@ -104,17 +132,48 @@ Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows,
   return ops.Download(dl, rows * c.vocab_size, logits->data());
 }
 
-Status V4Forward::Block(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
-                        float* H) const {
+Status V4Forward::Engram(V4Ops& ops, const LayerPlan& plan, int64_t T, float* H) const {
+  const model::ModelConfig& c = config_;
+  const int64_t R = c.engram.RowsPerToken(), KV = int64_t{c.hc_mult + 1} * c.hidden;
+  DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kEngramRows, T * R * c.engram.head_dim));
+  DSINFER_RETURN_IF_ERROR(ops.EngramGather(plan.layer, rows));           // [T, R * head_dim_e]
+  DSINFER_ASSIGN_OR_RETURN(float* kv, ops.Get(Buf::kEngramKv, T * KV));  // [T, (hc + 1) * D]
+  DSINFER_RETURN_IF_ERROR(
+      ops.Linear(plan.layer, Weight::kEngramWkv, LinearMode::kQuantized, rows, T, kv));
+  return ops.EngramGate(plan.layer, kv, H);
+}
+
+Status V4Forward::Block(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments, float* H,
+                        StepContext& ctx) const {
   const int64_t D = config_.hidden;
   const int L = plan.layer;
   DSINFER_ASSIGN_OR_RETURN(float* x, ops.Get(Buf::kX, T * D));             // [T, D]
   DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kY, T * D));             // [T, D]
   DSINFER_ASSIGN_OR_RETURN(float* mix, ops.Get(Buf::kMix, T * MixFloats()));  // [T, mix]
+  if (plan.single_pass_hc) {
+    // V4.1 (spec §14.4, §14.5): Engram updates the streams before the block; each sublayer
+    // computes its mix from the current streams and collapses them with the pre carried from
+    // the previous sublayer, then passes its own pre on.
+    if (plan.engram >= 0) DSINFER_RETURN_IF_ERROR(Engram(ops, plan, T, H));
+    DSINFER_ASSIGN_OR_RETURN(float* mix_ffn, ops.Get(Buf::kMixFfn, T * MixFloats()));  // [T, mix]
+    DSINFER_RETURN_IF_ERROR(
+        ops.HcPreCarried(L, HcSite::kAttn, H, ctx.carry, ctx.carry_stride, x, mix));
+    DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kAttn, x, T, D));
+    DSINFER_RETURN_IF_ERROR(Attention(ops, plan, T, n_segments, x, y, ctx));
+    DSINFER_RETURN_IF_ERROR(ops.HcPost(mix, y, H));
+    DSINFER_RETURN_IF_ERROR(ops.HcPreCarried(L, HcSite::kFfn, H, mix, MixFloats(), x, mix_ffn));
+    DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kFfn, x, T, D));
+    DSINFER_RETURN_IF_ERROR(ops.Route(L, plan.hash_routed, x));
+    DSINFER_RETURN_IF_ERROR(ops.Experts(L, x, y));
+    DSINFER_RETURN_IF_ERROR(ops.HcPost(mix_ffn, y, H));
+    ctx.carry = mix_ffn;
+    ctx.carry_stride = MixFloats();
+    return ops.Mark(Phase::kMoe);
+  }
   // Attention sub-layer (spec §3).
   DSINFER_RETURN_IF_ERROR(ops.HcPre(L, HcSite::kAttn, H, x, mix));
   DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kAttn, x, T, D));
-  DSINFER_RETURN_IF_ERROR(Attention(ops, plan, T, n_segments, x, y));
+  DSINFER_RETURN_IF_ERROR(Attention(ops, plan, T, n_segments, x, y, ctx));
   DSINFER_RETURN_IF_ERROR(ops.HcPost(mix, y, H));
   // MoE sub-layer (spec §6).
   DSINFER_RETURN_IF_ERROR(ops.HcPre(L, HcSite::kFfn, H, x, mix));
@@ -134,35 +193,102 @@ Status V4Forward::Compress(V4Ops& ops, const LayerPlan& plan, Compressor which, 
   const int ratio = index ? plan.index_ratio : plan.compress_ratio;
   const int64_t width = index ? plan.index_compressor_width : plan.compressor_width;
   const int64_t d = index ? c.index_head_dim : c.head_dim;
-  // a = wkv x, g = wgate x, in fp32 (spec §5.3).
+  const bool gated = index || plan.compressor_gated;
+  // a = wkv x, g = wgate x, in fp32 (spec §5.3); V4.1's ungated ratio-1 compressor: a = wkv x,
+  // a bf16 linear, one row per token (§14.3).
   DSINFER_ASSIGN_OR_RETURN(float* a, ops.Get(Buf::kA, T * width));  // [T, width]
-  DSINFER_ASSIGN_OR_RETURN(float* g, ops.Get(Buf::kG, T * width));  // [T, width]
   const Weight wkv = index ? Weight::kIndexCompressorWkv : Weight::kCompressorWkv;
   const Weight wgate = index ? Weight::kIndexCompressorWgate : Weight::kCompressorWgate;
-  DSINFER_RETURN_IF_ERROR(ops.Linear(L, wkv, LinearMode::kFp32, x, T, a));
-  DSINFER_RETURN_IF_ERROR(ops.Linear(L, wgate, LinearMode::kFp32, x, T, g));
+  DSINFER_RETURN_IF_ERROR(
+      ops.Linear(L, wkv, gated ? LinearMode::kFp32 : LinearMode::kQuantized, x, T, a));
+  float* g = nullptr;
+  if (gated) {
+    DSINFER_ASSIGN_OR_RETURN(g, ops.Get(Buf::kG, T * width));  // [T, width]
+    DSINFER_RETURN_IF_ERROR(ops.Linear(L, wgate, LinearMode::kFp32, x, T, g));
+  }
   // At most T / ratio rows complete, plus one per sequence whose open group the step finishes.
   DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kRows, (T / ratio + n_segments) * d));
   DSINFER_ASSIGN_OR_RETURN(CompressedRows done, ops.CompressorPool(L, which, a, g, rows));
+  // V4.1 kv sources that are index sources key the indexer with their latent (norm, no RoPE).
+  const bool keys_from_latent =
+      !index && plan.stores_index_keys && plan.index_compressor_width == 0;
+  float* latent = nullptr;
   if (done.n > 0) {
     // row = norm(bf16(row)); RoPE at the group's first position; then the stored format's
-    // round trip: FP8 on the nope dims (KV rows), Hadamard + FP4 (indexer keys).
+    // round trip: FP8 on the nope dims (V4 KV rows), FP4 with e4m3 scales per 16 (V4.1 KV
+    // rows), Hadamard + FP4 (V4 indexer keys).
     if (nm.round_bf16) DSINFER_RETURN_IF_ERROR(ops.ScaleRound(rows, done.n * d, 1.0f));
     DSINFER_RETURN_IF_ERROR(
         ops.RmsNorm(L, index ? Norm::kIndexCompressor : Norm::kCompressor, rows, done.n, d));
+    if (keys_from_latent) {
+      DSINFER_ASSIGN_OR_RETURN(latent, ops.Get(Buf::kLatent, done.n * d));  // [n, head_dim]
+      std::vector<int64_t> all(static_cast<size_t>(done.n));
+      for (int64_t i = 0; i < done.n; ++i) all[i] = i;
+      DSINFER_RETURN_IF_ERROR(ops.GatherRows(rows, all, d, latent));
+    }
     DSINFER_RETURN_IF_ERROR(ops.RopeAt(L, rows, done.first_pos, d, d - c.rope_dim));
     if (index && nm.indexer_fp4) {
-      DSINFER_RETURN_IF_ERROR(ops.Hadamard(rows, done.n, d));
+      if (plan.index_hadamard) DSINFER_RETURN_IF_ERROR(ops.Hadamard(rows, done.n, d));
       DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(rows, done.n, d, d, 32));
     } else if (!index && nm.kv_fp8_round_trip) {
-      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(rows, done.n, c.NopeDim(), d, 64));
+      if (plan.compressed_quant == model::CompressedQuant::kFp4E4m3x16)
+        DSINFER_RETURN_IF_ERROR(ops.Fp4E4m3RoundTrip(rows, done.n, d, d, 16));
+      else
+        DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(rows, done.n, c.NopeDim(), d, 64));
     }
   }
-  return ops.StoreCompressed(L, which, done, rows);
+  DSINFER_RETURN_IF_ERROR(ops.StoreCompressed(L, which, done, rows));
+  if (!keys_from_latent || done.n == 0) return Status::Ok();
+  // Index keys (spec §14.3): k = FP4(RoPE(k_norm(wk(latent)))), wk a bf16 linear.
+  const int64_t di = c.index_head_dim;
+  DSINFER_ASSIGN_OR_RETURN(float* keys, ops.Get(Buf::kIndexKeys, done.n * di));  // [n, di]
+  DSINFER_RETURN_IF_ERROR(
+      ops.Linear(L, Weight::kIndexWk, LinearMode::kQuantized, latent, done.n, keys));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kIndexKey, keys, done.n, di));
+  DSINFER_RETURN_IF_ERROR(ops.RopeAt(L, keys, done.first_pos, di, di - c.rope_dim));
+  if (nm.indexer_fp4) DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(keys, done.n, di, di, 32));
+  return ops.StoreCompressed(L, Compressor::kIndex, done, keys);
+}
+
+Result<Selection> V4Forward::Indexer(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
+                                     const float* x, const float* qr, StepContext& ctx) const {
+  const model::ModelConfig& c = config_;
+  const Numerics& nm = numerics_;
+  const int L = plan.layer;
+  const auto Q = LinearMode::kQuantized;
+  const int64_t ih = c.index_n_heads, ihd = c.index_head_dim;
+  DSINFER_ASSIGN_OR_RETURN(float* qi, ops.Get(Buf::kQi, T * ih * ihd));  // [T, ih, ihd]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWqB, Q, qr, T, qi));
+  DSINFER_RETURN_IF_ERROR(ops.Rope(L, qi, RopeRows::kIndexHeads, ihd, ihd - c.rope_dim, false));
+  if (nm.indexer_fp4) {
+    if (plan.index_hadamard) DSINFER_RETURN_IF_ERROR(ops.Hadamard(qi, T * ih, ihd));
+    DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(qi, T * ih, ihd, ihd, 32));
+  }
+  DSINFER_ASSIGN_OR_RETURN(float* wts, ops.Get(Buf::kWts, T * ih));  // [T, ih]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWeightsProj, Q, x, T, wts));
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * static_cast<float>(ih));
+  DSINFER_RETURN_IF_ERROR(ops.ScaleRound(wts, T * ih, wscale));
+  // V4: the indexer's own overlapping compressor makes its keys.
+  if (plan.stores_index_keys && plan.index_compressor_width > 0)
+    DSINFER_RETURN_IF_ERROR(Compress(ops, plan, Compressor::kIndex, T, n_segments, x));
+  DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionDense));
+  IndexerQuery query;
+  query.layer = L;
+  query.key_layer = plan.index_key_layer;
+  query.ratio = plan.index_ratio;
+  query.qi = qi;
+  query.wts = wts;
+  if (plan.candidate_source || plan.candidate_masked) {
+    query.candidate_block_size = c.candidate_block_size;
+    query.candidate_topk_blocks = c.candidate_topk_blocks;
+    if (plan.candidate_source) query.candidate_blocks_out = &ctx.candidates;
+    if (plan.candidate_masked) query.candidate_blocks = &ctx.candidates;
+  }
+  return ops.IndexerSelect(query);
 }
 
 Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
-                            const float* x, float* out) const {
+                            const float* x, float* out, StepContext& ctx) const {
   const model::ModelConfig& c = config_;
   const Numerics& nm = numerics_;
   const int L = plan.layer;
@@ -178,45 +304,42 @@ Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_
   if (plan.q_head_rms_norm) DSINFER_RETURN_IF_ERROR(ops.HeadRmsNorm(q, T * H, hd));
   DSINFER_RETURN_IF_ERROR(ops.Rope(L, q, RopeRows::kHeads, hd, nope, false));
 
-  // Window KV (spec §5.2): kv_norm(wkv x), RoPE on the tail, FP8 round trip of the nope dims.
+  // Window KV (spec §5.2): kv_norm(wkv x), RoPE on the tail, FP8 round trip of the nope dims
+  // (V4.1, §14.2: of all dims, in blocks of 32).
   DSINFER_ASSIGN_OR_RETURN(float* kv, ops.Get(Buf::kKv, T * hd));  // [T, hd]
   DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWkv, Q, x, T, kv));
   DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kKv, kv, T, hd));
   DSINFER_RETURN_IF_ERROR(ops.Rope(L, kv, RopeRows::kTokens, hd, nope, false));
-  if (nm.kv_fp8_round_trip) DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, nope, hd, 64));
+  if (nm.kv_fp8_round_trip) {
+    if (plan.window_quant == model::WindowQuant::kFp8All32)
+      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, hd, hd, 32));
+    else
+      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, nope, hd, 64));
+  }
 
   // Compressed rows completed by this step become visible to its later queries.
   if (plan.owns_compressor)
     DSINFER_RETURN_IF_ERROR(Compress(ops, plan, Compressor::kKv, T, n_segments, x));
 
-  // Lightning indexer (spec §5.4): queries, head weights, keys, the per-query selection.
+  // Lightning indexer (spec §5.4): queries, head weights, keys, the per-query selection. V4.1
+  // layers without an indexer attend to the last published selection (spec §14.3).
   Selection selected;
+  const Selection* attend = nullptr;
   if (plan.runs_indexer) {
-    const int64_t ih = c.index_n_heads, ihd = c.index_head_dim;
-    DSINFER_ASSIGN_OR_RETURN(float* qi, ops.Get(Buf::kQi, T * ih * ihd));  // [T, ih, ihd]
-    DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWqB, Q, qr, T, qi));
-    DSINFER_RETURN_IF_ERROR(ops.Rope(L, qi, RopeRows::kIndexHeads, ihd, ihd - c.rope_dim, false));
-    if (nm.indexer_fp4) {
-      DSINFER_RETURN_IF_ERROR(ops.Hadamard(qi, T * ih, ihd));
-      DSINFER_RETURN_IF_ERROR(ops.Fp4RoundTrip(qi, T * ih, ihd, ihd, 32));
-    }
-    DSINFER_ASSIGN_OR_RETURN(float* wts, ops.Get(Buf::kWts, T * ih));  // [T, ih]
-    DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kIndexWeightsProj, Q, x, T, wts));
-    const float wscale = 1.0f / std::sqrt(static_cast<float>(ihd) * static_cast<float>(ih));
-    DSINFER_RETURN_IF_ERROR(ops.ScaleRound(wts, T * ih, wscale));
-    DSINFER_RETURN_IF_ERROR(Compress(ops, plan, Compressor::kIndex, T, n_segments, x));
-    DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionDense));
-    DSINFER_ASSIGN_OR_RETURN(selected, ops.IndexerSelect(L, qi, wts));
+    DSINFER_ASSIGN_OR_RETURN(selected, Indexer(ops, plan, T, n_segments, x, qr, ctx));
+    attend = &selected;
   } else {
     DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionDense));
+    if (plan.reuses_selection) attend = &ctx.published;
   }
 
   // Sparse attention with sink over window + compressed rows, de-rotated at the query position.
   DSINFER_ASSIGN_OR_RETURN(float* o, ops.Get(Buf::kO, T * H * hd));  // [T, H, hd]
-  DSINFER_RETURN_IF_ERROR(ops.SparseAttention(L, plan.kv_source, plan.compress_ratio, q, kv,
-                                              plan.runs_indexer ? &selected : nullptr, o));
+  DSINFER_RETURN_IF_ERROR(
+      ops.SparseAttention(L, plan.kv_source, plan.compress_ratio, q, kv, attend, o));
   DSINFER_RETURN_IF_ERROR(ops.Rope(L, o, RopeRows::kHeads, hd, nope, true));
   DSINFER_RETURN_IF_ERROR(ops.StoreWindow(L, kv));
+  if (plan.runs_indexer && plan.single_pass_hc) ctx.published = std::move(selected);
   DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionPerSequence));
 
   // Output (spec §5.7): wo_a per group (bf16, no activation quantization), then wo_b.

@@ -56,17 +56,34 @@ class V4Forward {
   int MixFloats() const { return 2 * config_.hc_mult + config_.hc_mult * config_.hc_mult; }
 
  private:
-  Status Block(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
-               float* H) const;
+  // What a step carries from layer to layer (V4.1): the pre the next sublayer collapses with
+  // (single-pass mHC), the last published top-k and the candidate blocks.
+  struct StepContext {
+    const float* carry = nullptr;  // [T, carry_stride], the pre first
+    int64_t carry_stride = 0;
+    Selection published;   // the latest index source's selection (reused by the others)
+    Selection candidates;  // the candidate source's blocks, per query
+  };
+
+  Status Block(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments, float* H,
+               StepContext& ctx) const;
   Status Attention(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
-                   const float* x, float* out) const;
+                   const float* x, float* out, StepContext& ctx) const;
   // Projects x into `which` compressor of the layer, pools completed groups, finishes them
   // (bf16, norm, RoPE at each group's first position, the numerics' round trip) and stores them.
+  // A V4.1 kv source that is an index source also derives and stores the index keys.
   Status Compress(V4Ops& ops, const model::LayerPlan& plan, Compressor which, int64_t T,
                   int n_segments, const float* x) const;
+  // The lightning indexer's queries, weights and selection (spec §5.4, §14.3).
+  Result<Selection> Indexer(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
+                            const float* x, const float* qr, StepContext& ctx) const;
+  // V4.1 Engram before the block (spec §14.5): H [T, hc, hidden] updated in place.
+  Status Engram(V4Ops& ops, const model::LayerPlan& plan, int64_t T, float* H) const;
   // logits [rows, vocab] (host) of the streams H [rows, hc, hidden]: hc_head of `layer` (-1:
-  // the main head), its norm, the vocabulary projection.
-  Status Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits) const;
+  // the main head) or, V4.1, the collapse with the carried pre [rows, pre_stride]; the norm; the
+  // vocabulary projection.
+  Status Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits,
+              const float* pre = nullptr, int64_t pre_stride = 0) const;
 
   model::ModelConfig config_;
   Numerics numerics_;

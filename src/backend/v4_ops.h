@@ -51,6 +51,14 @@ enum class Buf : uint8_t {
   kLogits,     // [rows, vocab]
   kMtpHidden,  // [T, hc, hidden] the main model's streams fed to MTP
   kMtpE,       // [T, hidden]
+  // V4.1
+  kMixFfn,      // [T, MixFloats] the FFN's mix: its pre is carried into the next layer (§14.4)
+  kCarry,       // [T, hc] the pre carried into layer 0: one-hot [1, 0, ...]
+  kLatent,      // [rows, head_dim] compressed rows before RoPE (the index keys' input)
+  kIndexKeys,   // [rows, index_head_dim]
+  kEngramRows,  // [T, rows_per_token * engram head_dim] the gathered table rows
+  kEngramKv,    // [T, (hc + 1) * hidden] Engram keys (hc) and value
+  kHeadPre,     // [rows, MixFloats] the carried mixes of the rows that want logits
   kCount
 };
 
@@ -66,13 +74,26 @@ enum class Weight : uint8_t {
   kIndexWeightsProj,
   kIndexCompressorWkv,
   kIndexCompressorWgate,
-  kEProj,  // MTP
-  kHProj,  // MTP
-  kHead,   // the vocabulary projection (layer ignored)
+  kEProj,      // MTP
+  kHProj,      // MTP
+  kHead,       // the vocabulary projection (layer ignored)
+  kIndexWk,    // V4.1 kv + index source: index keys from the compressed latent
+  kEngramWkv,  // V4.1 Engram: keys and value from the table rows
 };
 
 // Norm weights (layer -1: the main head's final norm).
-enum class Norm : uint8_t { kAttn, kFfn, kQ, kKv, kCompressor, kIndexCompressor, kE, kH, kFinal };
+enum class Norm : uint8_t {
+  kAttn,
+  kFfn,
+  kQ,
+  kKv,
+  kCompressor,
+  kIndexCompressor,
+  kE,
+  kH,
+  kFinal,
+  kIndexKey,  // V4.1: k_norm of the index keys
+};
 
 enum class HcSite : uint8_t { kAttn, kFfn };
 enum class Compressor : uint8_t { kKv, kIndex };
@@ -98,6 +119,23 @@ struct CompressedRows {
 // Per query row of the step: the compressed rows it attends to (ascending).
 using Selection = std::vector<std::vector<int32_t>>;
 
+// One lightning-indexer selection (spec §5.4, §14.3) for every query row of the step.
+struct IndexerQuery {
+  int layer = 0;               // the layer whose queries these are
+  int key_layer = 0;           // the layer that stores the keys (V4: the same; V4.1: its kv source)
+  int ratio = 0;               // the keys' compression ratio: row j is visible to query i iff
+                               // j < (i + 1) / ratio
+  const float* qi = nullptr;   // [T, index_heads, index_head_dim]
+  const float* wts = nullptr;  // [T, index_heads]
+  // V4.1 candidate pre-filter. candidate_blocks_out (the candidate source): receives per query
+  // the candidate blocks (ascending): the newest block pinned, then the blocks with the highest
+  // max score. candidate_blocks (later index sources): only rows of these blocks are chosen.
+  int candidate_block_size = 0;
+  int candidate_topk_blocks = 0;
+  Selection* candidate_blocks_out = nullptr;
+  const Selection* candidate_blocks = nullptr;
+};
+
 // Points the GPU backend times (phase timing for benchmarks); no-ops elsewhere.
 enum class Phase : uint8_t { kStart, kAttentionDense, kAttentionPerSequence, kMoe, kHead };
 
@@ -120,6 +158,14 @@ class V4Ops {
   // mHC head (spec §4.3) of the main head (layer -1) or an MTP layer: H [rows, hc, hidden] ->
   // y [rows, hidden].
   virtual Status HcHead(int layer, const float* H, int64_t rows, float* y) = 0;
+  // Single-pass mHC (spec §14.4): mix [T, mix] of `layer`'s site from H as HcPre, but the
+  // input x [T, hidden] = sum_j carry[t][j] H[t][j] collapses H with the pre carried from the
+  // previous sublayer (carry rows of carry_stride floats, the pre first).
+  virtual Status HcPreCarried(int layer, HcSite site, const float* H, const float* carry,
+                              int64_t carry_stride, float* x, float* mix) = 0;
+  // y [rows, hidden] = sum_j pre[r][j] H[r][j] (the V4.1 head's input: no hc_head).
+  virtual Status HcCollapse(const float* H, int64_t rows, const float* pre, int64_t pre_stride,
+                            float* y) = 0;
   // RMSNorm of rows of `dim` with `layer`'s weight `norm` (layer -1: the main head's norm).
   virtual Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) = 0;
   // Unweighted RMS norm of each row (the per-head q norm of spec §5.1).
@@ -142,6 +188,9 @@ class V4Ops {
   // The QAT round trips of spec §2.2 / §2.3 on dims [0, n) of rows of width `stride`.
   virtual Status Fp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) = 0;
   virtual Status Fp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) = 0;
+  // V4.1's compressed KV round trip (spec §14.2): per block of `block` values, an e4m3 scale
+  // s = e4m3(max(amax, 6 * 2^-9) / 6) and x <- e2m1(clamp(x / s, +-6)) * s.
+  virtual Status Fp4E4m3RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) = 0;
   // Hadamard-128 style transform of each row (spec §2.4), rounded when the numerics round.
   virtual Status Hadamard(float* x, int64_t rows, int64_t n) = 0;
   // X [T, hc, hidden] = round(X + e[t]) for every stream (the MTP block's input, spec §8).
@@ -150,17 +199,18 @@ class V4Ops {
   // ---- sequence state --------------------------------------------------------------------------
   // Feeds the step's projections a, g [T, width] into each segment's compressor of `layer` and
   // pools every group that completes (spec §5.3): raw rows [n, d] into rows_out (which must hold
-  // T / ratio + segments rows), before norm and RoPE.
+  // T / ratio + segments rows), before norm and RoPE. A compressor without a gate (g null, V4.1
+  // ratio 1) completes one row per token: a itself.
   virtual Result<CompressedRows> CompressorPool(int layer, Compressor which, const float* a,
                                                 const float* g, float* rows_out) = 0;
   // Appends finished rows [rows.n, d] (after norm, RoPE and the numerics' round trip) to each
   // segment's compressed rows or indexer keys of `layer`: visible to this step's queries after.
   virtual Status StoreCompressed(int layer, Compressor which, const CompressedRows& rows,
                                  const float* data) = 0;
-  // The lightning indexer's selection (spec §5.4) over `layer`'s keys for each query row of the
-  // step: every visible row when they are at most index_topk, else the top-k of the scores
-  // (qi [T, index_heads, index_head_dim], wts [T, index_heads]).
-  virtual Result<Selection> IndexerSelect(int layer, const float* qi, const float* wts) = 0;
+  // The lightning indexer's selection (spec §5.4) over the keys of query.key_layer for each
+  // query row of the step: every visible row when they are at most index_topk, else the top-k
+  // of the scores (ties: the lower row), inside the candidate blocks when given (§14.3).
+  virtual Result<Selection> IndexerSelect(const IndexerQuery& query) = 0;
   // Sparse attention with sink (spec §5.5-5.6): each query row of q [T, heads, head_dim] over its
   // window (the segment's ring before the step, then kv [T, head_dim]) and the compressed rows of
   // kv_layer: those in `selected`, or (selected null) all visible at `ratio`, or none (ratio 0).
@@ -168,6 +218,17 @@ class V4Ops {
                                  const float* kv, const Selection* selected, float* o) = 0;
   // The step's window KV rows kv [T, head_dim] into each segment's ring of `layer`.
   virtual Status StoreWindow(int layer, const float* kv) = 0;
+
+  // ---- Engram (V4.1, spec §14.5) ----------------------------------------------------------------
+  // The step's n-gram table row ids for every Engram layer, from the tokens and each sequence's
+  // previous token classes (which it then records for the next steps).
+  virtual Status EngramBegin() = 0;
+  // rows [T, rows_per_token * engram head_dim]: `layer`'s table rows of the step, dequantized
+  // (e4m3 x e8m0 per 32: exact in bf16), read where the table lies.
+  virtual Status EngramGather(int layer, float* rows) = 0;
+  // The gated update of the streams H [T, hc, hidden] from kv [T, (hc + 1) * hidden] (hc keys,
+  // then the value): H_j += sigmoid(signed sqrt of the normalised H_j . key_j) value.
+  virtual Status EngramGate(int layer, const float* kv, float* H) = 0;
 
   // ---- MoE (spec §6) ---------------------------------------------------------------------------
   // The router: scores of x [T, hidden], experts by the token's tid2eid row (hash) or by top-k

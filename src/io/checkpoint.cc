@@ -127,6 +127,15 @@ TensorRef Checkpoint::Find(const std::string& name) const {
   return shards_[it->second.first]->Ref(*it->second.second);
 }
 
+Status Checkpoint::AdviseRandomAccess(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return NotFound("no tensor '" + name + "' in " + dir_);
+  const SafetensorsFile& shard = *shards_[it->second.first];
+  const TensorRef ref = shard.Ref(*it->second.second);
+  const auto offset = static_cast<uint64_t>(ref.bytes.data() - shard.mapped_file().bytes().data());
+  return shard.mapped_file().AdviseRandom(offset, ref.bytes.size());
+}
+
 std::vector<std::string> Checkpoint::TensorNames() const {
   std::vector<std::string> names;
   names.reserve(index_.size());

@@ -240,4 +240,8 @@ Status MappedFile::AdviseDontNeed(uint64_t offset, uint64_t length) const {
   return Advise(offset, length, MADV_DONTNEED, "MADV_DONTNEED");
 }
 
+Status MappedFile::AdviseRandom(uint64_t offset, uint64_t length) const {
+  return Advise(offset, length, MADV_RANDOM, "MADV_RANDOM");
+}
+
 }  // namespace dsinfer::io

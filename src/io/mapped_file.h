@@ -64,6 +64,9 @@ class MappedFile {
   // After CopyIntoMemory there is no page cache behind the bytes and both are no-ops.
   Status AdviseWillNeed(uint64_t offset, uint64_t length) const;
   Status AdviseDontNeed(uint64_t offset, uint64_t length) const;
+  // Random: a fault reads only its own page (no readahead), for tables read a row at a time
+  // (V4.1's Engram tables, ~101 GB each, of which a token touches 24 rows).
+  Status AdviseRandom(uint64_t offset, uint64_t length) const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size)

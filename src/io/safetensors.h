@@ -102,6 +102,9 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   // nullptr info when absent.
   TensorRef Find(const std::string& name) const;
+  // MappedFile::AdviseRandom over the tensor's bytes (a no-op for a copied shard); NotFound for
+  // an unknown name.
+  Status AdviseRandomAccess(const std::string& name) const;
   std::vector<std::string> TensorNames() const;  // sorted
   uint64_t TotalBytes() const;                   // sum of all shard file sizes
   // Every shard copied into anonymous memory (MappedFile::CopyIntoMemory), before any TensorRef
@@ -141,6 +144,9 @@ class SafetensorsWriter {
   // Writes the header; afterwards call Write() once per declared tensor, in declaration order.
   Status Begin(const std::string& path);
   Status Write(const std::string& name, std::span<const uint8_t> bytes);
+  // Writes the next declared tensor as zeros without writing them: the file gets a hole there
+  // (sparse where the filesystem supports it), so huge all-zero tensors cost no disk.
+  Status WriteZeros(const std::string& name);
   // Flushes and closes; reports write errors the buffered writes deferred (e.g. disk full).
   Status Finish();
   uint64_t DataBytes() const;

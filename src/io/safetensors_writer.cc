@@ -1,7 +1,12 @@
 // SafetensorsWriter and WriteSafetensors.
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -137,6 +142,17 @@ Status SafetensorsWriter::Write(const std::string& name, std::span<const uint8_t
   return Status::Ok();
 }
 
+Status SafetensorsWriter::WriteZeros(const std::string& name) {
+  if (state_ != State::kWriting || next_ >= pending_.size() || pending_[next_].name != name)
+    return Write(name, {});  // the same errors as Write, in the same cases
+  const uint64_t n = pending_[next_].n_bytes;
+  if (n > static_cast<uint64_t>(std::numeric_limits<off_t>::max()) ||
+      ::fseeko(out_, static_cast<off_t>(n), SEEK_CUR) != 0)
+    return Fail(IoError("cannot skip tensor '" + name + "' in " + path_ + ": " + ErrnoText()));
+  ++next_;
+  return Status::Ok();
+}
+
 Status SafetensorsWriter::Finish() {
   if (state_ != State::kWriting) {
     return FailedPrecondition("SafetensorsWriter: Finish() without a successful Begin()");
@@ -152,6 +168,10 @@ Status SafetensorsWriter::Finish() {
   }
   // Buffered writes report a full disk only when flushed; fclose reports what fflush missed.
   if (std::fflush(out_) != 0) return Fail(IoError("cannot write " + path_ + ": " + ErrnoText()));
+  // A trailing WriteZeros leaves the position past the end: extend the file to it (a hole).
+  const off_t end = ::ftello(out_);
+  if (end < 0 || ::ftruncate(::fileno(out_), end) != 0)
+    return Fail(IoError("cannot size " + path_ + ": " + ErrnoText()));
   const int close_result = std::fclose(out_);
   out_ = nullptr;
   if (close_result != 0) return Fail(IoError("cannot close " + path_ + ": " + ErrnoText()));

@@ -5,51 +5,14 @@
 #include <sstream>
 
 #include "io/json_file.h"
+#include "model/config_internal.h"
 
 namespace dsinfer::model {
 namespace {
 
+using internal::Positive;
+using internal::ReadField;
 using nlohmann::json;
-
-// Reads an optional field of the official config; type mismatches are errors naming the key.
-template <typename T>
-Status ReadField(const json& j, const char* key, T* out, bool required) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (required)
-      return InvalidArgument(std::string("config.json: missing required field '") + key + "'");
-    return Status::Ok();
-  }
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean())
-      return InvalidArgument(std::string("config.json: '") + key + "' must be a boolean");
-    *out = it->get<bool>();
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer())
-      return InvalidArgument(std::string("config.json: '") + key + "' must be an integer");
-    int64_t v = it->get<int64_t>();
-    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-        v > static_cast<int64_t>(std::numeric_limits<T>::max()))
-      return InvalidArgument(std::string("config.json: '") + key + "' is out of range");
-    *out = static_cast<T>(v);
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!it->is_number())
-      return InvalidArgument(std::string("config.json: '") + key + "' must be a number");
-    *out = static_cast<T>(it->get<double>());
-  } else {
-    if (!it->is_string())
-      return InvalidArgument(std::string("config.json: '") + key + "' must be a string");
-    *out = it->get<std::string>();
-  }
-  return Status::Ok();
-}
-
-Status Positive(const char* name, int64_t v) {
-  if (v <= 0)
-    return InvalidArgument(std::string("config: ") + name + " must be positive, got " +
-                           std::to_string(v));
-  return Status::Ok();
-}
 
 bool IsPowerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -58,6 +21,7 @@ bool IsPowerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
 AttentionKind ModelConfig::Attention(int li) const {
   int r = compress_ratios[li];
   if (r == 0) return AttentionKind::kSlidingWindow;
+  if (V41()) return AttentionKind::kSharedCompressed;
   if (r == 4) return AttentionKind::kCompressedSparse;
   return AttentionKind::kHeavilyCompressed;
 }
@@ -93,14 +57,36 @@ Status ModelConfig::Validate() const {
     return InvalidArgument("config: num_experts_per_tok exceeds n_routed_experts");
   if (n_shared_experts < 0 || n_shared_experts > 1)
     return InvalidArgument("config: n_shared_experts must be 0 or 1");
-  if (n_hash_layers < 0 || n_hash_layers > n_layers)
-    return InvalidArgument("config: num_hash_layers out of range");
   if (n_mtp_layers < 0 || n_mtp_layers > 8)
     return InvalidArgument("config: num_nextn_predict_layers out of range");
   if (static_cast<int>(compress_ratios.size()) < n_layers + n_mtp_layers)
     return InvalidArgument("config: compress_ratios has " + std::to_string(compress_ratios.size()) +
                            " entries, need num_hidden_layers + num_nextn_predict_layers = " +
                            std::to_string(n_layers + n_mtp_layers));
+  if (V41()) {
+    DSINFER_RETURN_IF_ERROR(internal::ValidateV41(*this));
+  } else {
+    DSINFER_RETURN_IF_ERROR(ValidateV4Roles());
+  }
+  if (hidden % act_block != 0 && hidden > act_block)
+    return InvalidArgument("config: hidden_size must be a multiple of the activation block");
+  if (experts_fp4 && (hidden % fp4_block != 0 || moe_inter % fp4_block != 0))
+    return InvalidArgument(
+        "config: FP4 experts need hidden and moe_intermediate_size multiples of 32");
+  if (!(norm_eps > 0) || !(hc_eps > 0))
+    return InvalidArgument("config: eps values must be positive");
+  if (!(rope_theta > 0) || !(compress_rope_theta > 0) || !(yarn.factor >= 1) ||
+      yarn.original_seq_len <= 0)
+    return InvalidArgument("config: bad rope parameters");
+  if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
+      eos_token_id >= vocab_size)
+    return InvalidArgument("config: bos/eos token id outside the vocabulary");
+  return Status::Ok();
+}
+
+Status ModelConfig::ValidateV4Roles() const {
+  if (n_hash_layers < 0 || n_hash_layers > n_layers)
+    return InvalidArgument("config: num_hash_layers out of range");
   bool any_csa = false;
   for (int li = 0; li < n_layers + n_mtp_layers; ++li) {
     int r = compress_ratios[li];
@@ -119,24 +105,12 @@ Status ModelConfig::Validate() const {
       return InvalidArgument(
           "config: index_head_dim must be a power of two >= qk_rope_head_dim (Hadamard)");
   }
-  if (hidden % act_block != 0 && hidden > act_block)
-    return InvalidArgument("config: hidden_size must be a multiple of the activation block");
-  if (experts_fp4 && (hidden % fp4_block != 0 || moe_inter % fp4_block != 0))
-    return InvalidArgument(
-        "config: FP4 experts need hidden and moe_intermediate_size multiples of 32");
-  if (!(norm_eps > 0) || !(hc_eps > 0))
-    return InvalidArgument("config: eps values must be positive");
-  if (!(rope_theta > 0) || !(compress_rope_theta > 0) || !(yarn.factor >= 1) ||
-      yarn.original_seq_len <= 0)
-    return InvalidArgument("config: bad rope parameters");
-  if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
-      eos_token_id >= vocab_size)
-    return InvalidArgument("config: bos/eos token id outside the vocabulary");
   return Status::Ok();
 }
 
 Result<ModelConfig> ModelConfig::FromJson(const json& j) {
   if (!j.is_object()) return InvalidArgument("config.json: top level must be an object");
+  if (internal::LooksLikeV41(j)) return internal::FromJsonV41(j);
   ModelConfig c;
   std::string model_type;
   DSINFER_RETURN_IF_ERROR(ReadField(j, "model_type", &model_type, false));
@@ -247,6 +221,7 @@ Result<ModelConfig> ModelConfig::FromFile(const std::string& path) {
 }
 
 json ModelConfig::ToJson() const {
+  if (V41()) return internal::ToJsonV41(*this);
   json j;
   j["architectures"] = {"DeepseekV4ForCausalLM"};
   j["model_type"] = "deepseek_v4";
@@ -317,7 +292,24 @@ std::string ModelConfig::Summary() const {
       case AttentionKind::kHeavilyCompressed:
         ++n_hca;
         break;
+      case AttentionKind::kSharedCompressed:  // V4.1, summarised below
+        break;
     }
+  }
+  if (V41()) {
+    int n_r2 = 0, n_r1 = 0;
+    for (int li = 0; li < n_layers; ++li) {
+      n_r2 += compress_ratios[li] == 2;
+      n_r1 += compress_ratios[li] == 1;
+    }
+    os << "deepseek_v4.1: vocab " << vocab_size << ", hidden " << hidden << ", layers " << n_layers
+       << " (" << n_layers - n_r2 - n_r1 << " window, " << n_r2 << " ratio-2, " << n_r1
+       << " ratio-1; " << kv_source_layers.size() << " kv sources, " << index_source_layers.size()
+       << " index sources), engram " << engram.layer_ids.size() << ", dspark " << n_mtp_layers
+       << ", heads " << n_heads << "x" << head_dim << " (rope " << rope_dim << "), experts "
+       << n_routed_experts << " top-" << n_experts_per_tok << " inter " << moe_inter
+       << " fp4, window " << window << ", hc " << hc_mult;
+    return os.str();
   }
   os << "deepseek_v4: vocab " << vocab_size << ", hidden " << hidden << ", layers " << n_layers
      << " (" << n_swa << " window, " << n_csa << " CSA, " << n_hca << " HCA; " << n_hash_layers
@@ -385,12 +377,20 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
     c.index_topk = 512;
     c.hc_mult = 4, c.n_mtp_layers = 0;
   } else {
-    return NotFound("unknown preset '" + name + "' (known: tiny-a, tiny-b, tiny-c, demo, bench)");
+    auto v41 = internal::V41PresetConfig(name);
+    if (v41.ok() || v41.status().code() != StatusCode::kNotFound) return v41;
+    std::string known;
+    for (const std::string& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
+    return NotFound("unknown preset '" + name + "' (known: " + known + ")");
   }
   DSINFER_RETURN_IF_ERROR(c.Validate().WithContext("preset " + name));
   return c;
 }
 
-std::vector<std::string> PresetNames() { return {"tiny-a", "tiny-b", "tiny-c", "demo", "bench"}; }
+std::vector<std::string> PresetNames() {
+  std::vector<std::string> names = {"tiny-a", "tiny-b", "tiny-c", "demo", "bench"};
+  for (std::string& n : internal::V41PresetNames()) names.push_back(std::move(n));
+  return names;
+}
 
 }  // namespace dsinfer::model

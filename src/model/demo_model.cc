@@ -79,7 +79,8 @@ std::vector<uint8_t> PlainTensor(const TensorSpec& spec, const ModelConfig& c, u
   }
   float offset = 0.0f, spread = 0.0f;
   bool normal = false;
-  if (EndsWith(name, "norm.weight")) {
+  if (EndsWith(name, "norm.weight") || EndsWith(name, "engram.q_weight") ||
+      EndsWith(name, "engram.k_weight")) {
     offset = 1.0f, spread = 0.2f;
   } else if (EndsWith(name, "_scale")) {
     offset = 1.0f, spread = 0.5f;
@@ -115,21 +116,21 @@ std::vector<uint8_t> PlainTensor(const TensorSpec& spec, const ModelConfig& c, u
   return bytes;
 }
 
-// FP8 block-quantized matrix: Gaussian values quantized per 128x128 block with a power-of-two
-// e8m0 scale, exactly as the official checkpoints are stored.
-void Fp8Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t seed, ThreadPool& pool,
-               std::vector<uint8_t>* codes, std::vector<uint8_t>* scales) {
-  int64_t srows = (rows + 127) / 128, scols = (cols + 127) / 128;
+// FP8 block-quantized matrix: Gaussian values quantized per block x block tile (128 in V4, 32
+// in V4.1) with a power-of-two e8m0 scale, exactly as the official checkpoints are stored.
+void Fp8Matrix(const std::string& name, int64_t rows, int64_t cols, int64_t block, uint64_t seed,
+               ThreadPool& pool, std::vector<uint8_t>* codes, std::vector<uint8_t>* scales) {
+  int64_t srows = (rows + block - 1) / block, scols = (cols + block - 1) / block;
   codes->assign(rows * cols, 0);
   scales->assign(srows * scols, 127);
   float stdv = 1.0f / std::sqrt(static_cast<float>(cols));
   pool.ParallelFor(srows, [&](int64_t br) {
     SplitMix64 rng{HashName(name, seed) + static_cast<uint64_t>(br) * 0x632be59bd9b4e019ull};
-    int64_t r0 = br * 128, r1 = std::min(rows, r0 + 128);
+    int64_t r0 = br * block, r1 = std::min(rows, r0 + block);
     std::vector<float> values((r1 - r0) * cols);
     for (auto& v : values) v = rng.Normal() * stdv;
     for (int64_t bc = 0; bc < scols; ++bc) {
-      int64_t c0 = bc * 128, c1 = std::min(cols, c0 + 128);
+      int64_t c0 = bc * block, c1 = std::min(cols, c0 + block);
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t cc = c0; cc < c1; ++cc)
@@ -142,6 +143,30 @@ void Fp8Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t see
         for (int64_t cc = c0; cc < c1; ++cc)
           (*codes)[r * cols + cc] =
               F32ToE4M3(std::clamp(values[(r - r0) * cols + cc] * inv, -448.0f, 448.0f));
+    }
+  });
+}
+
+// V4.1 Engram table [rows, cols]: e4m3 codes of unit-variance values with one e8m0 scale per row
+// and 32 columns (spec §14.5). Rows in parallel blocks with their own seeds.
+void EngramTable(const std::string& name, int64_t rows, int64_t cols, uint64_t seed,
+                 ThreadPool& pool, std::vector<uint8_t>* codes, std::vector<uint8_t>* scales) {
+  codes->assign(rows * cols, 0);
+  scales->assign(rows * (cols / 32), 127);
+  constexpr int64_t kRowsPerTask = 256;
+  pool.ParallelFor((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    SplitMix64 rng{HashName(name, seed) + static_cast<uint64_t>(t) * 0x632be59bd9b4e019ull};
+    std::vector<float> v(32);
+    for (int64_t r = t * kRowsPerTask; r < std::min(rows, (t + 1) * kRowsPerTask); ++r) {
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        float amax = 0.0f;
+        for (float& x : v) amax = std::max(amax, std::fabs(x = rng.Normal()));
+        const int e = std::clamp(CeilLog2FromBits(std::max(amax, 1e-30f) / 448.0f), -126, 127);
+        (*scales)[r * (cols / 32) + b] = static_cast<uint8_t>(e + 127);
+        for (int i = 0; i < 32; ++i)
+          (*codes)[r * cols + b * 32 + i] =
+              F32ToE4M3(std::clamp(std::ldexp(v[i], -e), -448.0f, 448.0f));
+      }
     }
   });
 }
@@ -181,6 +206,10 @@ void Fp4Matrix(const std::string& name, int64_t rows, int64_t cols, uint64_t see
 Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
                       const DemoModelOptions& options, ThreadPool& pool) {
   DSINFER_RETURN_IF_ERROR(config.Validate());
+  if (config.engram.enabled() && options.tokenizer_json.empty())
+    return InvalidArgument(
+        "this configuration has Engram layers, whose token map is built from the checkpoint's "
+        "tokenizer: give one (create-demo-model --tokenizer FILE)");
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return IoError("cannot create directory " + dir + ": " + std::strerror(errno));
 
@@ -223,6 +252,12 @@ Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
     std::vector<uint8_t> pending_scale;
     for (size_t i : shards[si]) {
       const TensorSpec& s = specs[i];
+      const bool engram_table =
+          EndsWith(s.name, "engram.embed.weight") || EndsWith(s.name, "engram.embed.scale");
+      if (engram_table && options.sparse_engram_tables) {
+        DSINFER_RETURN_IF_ERROR(writer.WriteZeros(s.name));
+        continue;
+      }
       if (EndsWith(s.name, ".scale")) {
         DSINFER_RETURN_IF_ERROR(writer.Write(s.name, pending_scale));
         continue;
@@ -230,8 +265,11 @@ Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
       std::vector<uint8_t> bytes;
       DType dt = s.dtypes[0];
       bool has_scale = i + 1 < specs.size() && EndsWith(specs[i + 1].name, ".scale");
-      if (dt == DType::kF8E4M3) {
-        Fp8Matrix(s.name, s.shape[0], s.shape[1], options.seed, pool, &bytes, &pending_scale);
+      if (engram_table) {
+        EngramTable(s.name, s.shape[0], s.shape[1], options.seed, pool, &bytes, &pending_scale);
+      } else if (dt == DType::kF8E4M3) {
+        Fp8Matrix(s.name, s.shape[0], s.shape[1], config.weight_block, options.seed, pool, &bytes,
+                  &pending_scale);
       } else if (dt == DType::kI8 && has_scale) {
         Fp4Matrix(s.name, s.shape[0], s.shape[1] * 2, options.seed, pool, &bytes, &pending_scale);
       } else {
@@ -252,6 +290,8 @@ Status WriteDemoModel(const ModelConfig& config, const std::string& dir,
                         {"temperature", 1.0},
                         {"top_p", 1.0}};
   DSINFER_RETURN_IF_ERROR(io::WriteTextFile(dir + "/generation_config.json", gen.dump(2) + "\n"));
+  if (!options.tokenizer_json.empty())
+    DSINFER_RETURN_IF_ERROR(io::WriteTextFile(dir + "/tokenizer.json", options.tokenizer_json));
   return Status::Ok();
 }
 

@@ -60,6 +60,7 @@ int64_t RowFormat::Bytes() const {
     case RowCodec::kFp8Nope:
       return quantized + (quantized + block - 1) / block + int64_t{dim - quantized} * 2;
     case RowCodec::kFp4:
+    case RowCodec::kFp4E4m3:
       return dim / 2 + dim / block;
   }
   return 0;
@@ -81,6 +82,9 @@ std::string RowFormat::Describe() const {
     case RowCodec::kFp4:
       os << "fp4-e2m1(" << dim << ", scale per " << block << ")";
       break;
+    case RowCodec::kFp4E4m3:
+      os << "fp4-e2m1(" << dim << ", e4m3 scale per " << block << ")";
+      break;
   }
   return os.str();
 }
@@ -91,6 +95,7 @@ RowFormat Fp8NopeRow(int dim, int quantized, int block) {
   return {RowCodec::kFp8Nope, dim, quantized, block};
 }
 RowFormat Fp4Row(int dim, int block) { return {RowCodec::kFp4, dim, 0, block}; }
+RowFormat Fp4E4m3Row(int dim, int block) { return {RowCodec::kFp4E4m3, dim, 0, block}; }
 
 Status PackRow(const RowFormat& f, const float* row, uint8_t* out) {
   switch (f.codec) {
@@ -128,6 +133,41 @@ Status PackRow(const RowFormat& f, const float* row, uint8_t* out) {
         for (int i = 0; i < f.block; ++i) {
           const int d = b0 + i;
           const uint8_t code = F32ToE2M1(std::ldexp(row[d], -e));
+          out[d / 2] |= static_cast<uint8_t>(d % 2 == 0 ? code : code << 4);
+        }
+      }
+      break;
+    }
+    case RowCodec::kFp4E4m3: {
+      // The round trip made each block q * s with s an e4m3 value and q on the e2m1 grid, so
+      // s = amax / q_max for the block's largest |q|: try each e2m1 magnitude as q_max (largest
+      // first) and keep the first e4m3 scale that holds every value of the block.
+      uint8_t* scales = out + f.dim / 2;
+      std::fill(out, out + f.dim / 2, uint8_t{0});
+      static constexpr float kQmax[] = {6.0f, 4.0f, 3.0f, 2.0f, 1.5f, 1.0f, 0.5f};
+      for (int b0 = 0, bi = 0; b0 < f.dim; b0 += f.block, ++bi) {
+        const float amax = Amax(row + b0, f.block);
+        uint8_t scale_code = F32ToE4M3(1.0f);
+        if (amax > 0.0f) {
+          for (float q : kQmax) {
+            const float scale = amax / q;
+            if (!(scale <= 448.0f) || RoundToE4M3(scale) != scale) continue;
+            bool fits = true;
+            for (int i = 0; i < f.block && fits; ++i) {
+              const float c = row[b0 + i] / scale;
+              fits = std::fabs(c) <= 6.0f && E2M1ToF32(F32ToE2M1(c)) * scale == row[b0 + i];
+            }
+            if (fits) {
+              scale_code = F32ToE4M3(scale);
+              break;
+            }
+          }
+        }
+        scales[bi] = scale_code;
+        const float s = E4M3Table()[scale_code];
+        for (int i = 0; i < f.block; ++i) {
+          const int d = b0 + i;
+          const uint8_t code = F32ToE2M1(row[d] / s);
           out[d / 2] |= static_cast<uint8_t>(d % 2 == 0 ? code : code << 4);
         }
       }
@@ -173,10 +213,11 @@ void UnpackRow(const RowFormat& f, const uint8_t* in, float* row) {
       }
       return;
     }
-    case RowCodec::kFp4: {
+    case RowCodec::kFp4:
+    case RowCodec::kFp4E4m3: {
       const uint8_t* scales = in + f.dim / 2;
       for (int b0 = 0, bi = 0; b0 < f.dim; b0 += f.block, ++bi) {
-        const float s = E8M0ToF32(scales[bi]);
+        const float s = f.codec == RowCodec::kFp4 ? E8M0ToF32(scales[bi]) : E4M3Table()[scales[bi]];
         for (int i = 0; i < f.block; ++i) {
           const int d = b0 + i;
           const uint8_t byte = in[d / 2];
@@ -195,7 +236,7 @@ int64_t CompressorHistoryFirst(int64_t n, int ratio, bool overlap) {
 }
 
 int64_t StateLayout::FixedBytes() const {
-  int64_t b = 0;
+  int64_t b = int64_t{token_history_slots} * 4;
   for (const LayerStateLayout& l : layers)
     b += l.ring_slots * kv_row.Bytes() + int64_t{l.history_slots} * 2 * l.kv_width * 4 +
          int64_t{l.index_history_slots} * 2 * l.index_width * 4;
@@ -204,30 +245,39 @@ int64_t StateLayout::FixedBytes() const {
 
 std::string StateLayout::Describe() const {
   std::ostringstream os;
-  os << "pages of " << page_tokens << " tokens (" << page_bytes << " B, "
-     << PageBytesPerToken() << " B/token), KV rows " << kv_row.Describe() << ", index keys "
-     << index_key.Describe() << ", boundary " << FixedBytes() << " B (window " << window
-     << " + rollback " << rollback_tokens << ")";
+  os << "pages of " << page_tokens << " tokens (" << page_bytes << " B, " << PageBytesPerToken()
+     << " B/token), KV rows " << kv_row.Describe();
+  if (compressed_row != kv_row) os << ", compressed rows " << compressed_row.Describe();
+  os << ", index keys " << index_key.Describe() << ", boundary " << FixedBytes() << " B (window "
+     << window << " + rollback " << rollback_tokens << ")";
   return os.str();
 }
 
 Result<StateLayout> MakeStateLayout(const ModelConfig& c, const std::vector<LayerPlan>& plans,
                                     RowFormat kv_row, RowFormat index_key,
-                                    const StateLayoutOptions& options) {
+                                    const StateLayoutOptions& options,
+                                    std::optional<RowFormat> compressed_row) {
   const int P = options.page_tokens;
   if (P <= 0 || P % 128 != 0)
     return InvalidArgument("state layout: page_tokens must be a positive multiple of 128, got " +
                            std::to_string(P));
   if (options.rollback_tokens < 0 || options.rollback_tokens > 4096)
     return InvalidArgument("state layout: rollback_tokens must be in [0, 4096]");
-  if (kv_row.dim != c.head_dim || index_key.dim != c.index_head_dim)
+  const RowFormat comp_row = compressed_row.value_or(kv_row);
+  if (kv_row.dim != c.head_dim || comp_row.dim != c.head_dim || index_key.dim != c.index_head_dim)
     return InvalidArgument("state layout: row formats do not match head_dim / index_head_dim");
   StateLayout s;
   s.page_tokens = P;
   s.rollback_tokens = options.rollback_tokens;
   s.window = c.window;
   s.kv_row = kv_row;
+  s.compressed_row = comp_row;
   s.index_key = index_key;
+  if (c.engram.enabled()) {
+    s.token_history_needed = c.engram.max_ngram_size - 1;
+    s.token_history_slots = s.token_history_needed + options.rollback_tokens;
+    s.token_classes = c.engram.compressed_vocab_size;
+  }
   int64_t offset = 0;
   for (const LayerPlan& p : plans) {
     LayerStateLayout l;
@@ -242,18 +292,22 @@ Result<StateLayout> MakeStateLayout(const ModelConfig& c, const std::vector<Laye
       l.compress_ratio = p.compress_ratio;
       l.overlap = p.compressor_overlap;
       l.kv_width = p.compressor_width;
-      // Open group (< ratio rows), the previous group when overlapping, and the rollback.
-      l.history_slots = (p.compressor_overlap ? 2 : 1) * p.compress_ratio + options.rollback_tokens;
+      // Open group (< ratio rows), the previous group when overlapping, and the rollback; a
+      // compressor without a gate completes a row per token and keeps no history.
+      l.history_slots = p.compressor_gated ? (p.compressor_overlap ? 2 : 1) * p.compress_ratio +
+                                                 options.rollback_tokens
+                                           : 0;
       l.rows_per_page = P / p.compress_ratio;
       l.page_rows_offset = offset;
-      offset += l.rows_per_page * kv_row.Bytes();
+      offset += l.rows_per_page * comp_row.Bytes();
     }
-    if (p.runs_indexer) {
+    if (p.stores_index_keys) {
       if (P % p.index_ratio != 0)
         return InvalidArgument("state layout: page_tokens is not a multiple of an index ratio");
       l.index_ratio = p.index_ratio;
       l.index_width = p.index_compressor_width;
-      l.index_history_slots = 2 * p.index_ratio + options.rollback_tokens;
+      l.index_history_slots =
+          p.index_compressor_width > 0 ? 2 * p.index_ratio + options.rollback_tokens : 0;
       l.keys_per_page = P / p.index_ratio;
       l.page_keys_offset = offset;
       offset += l.keys_per_page * index_key.Bytes();
@@ -321,7 +375,7 @@ class Reader {
   }
   bool Row(RowFormat* f) {
     uint8_t codec = 0;
-    if (!Le(&codec) || codec > static_cast<uint8_t>(RowCodec::kFp4)) return false;
+    if (!Le(&codec) || codec > static_cast<uint8_t>(RowCodec::kFp4E4m3)) return false;
     f->codec = static_cast<RowCodec>(codec);
     return Le(&f->dim) && Le(&f->quantized) && Le(&f->block) && f->dim > 0 && f->dim <= 8192 &&
            f->quantized >= 0 && f->quantized <= f->dim && f->block >= 0 && f->block <= f->dim;
@@ -344,6 +398,7 @@ std::vector<uint8_t> EncodeStateBlob(const StateBlobHeader& h, std::span<const u
   w.Bytes(h.model.data(), h.model.size());
   w.Str(h.numerics);
   w.Row(h.kv_row);
+  w.Row(h.compressed_row);
   w.Row(h.index_key);
   w.Le<int32_t>(h.page_tokens);
   w.Le<int32_t>(h.window);
@@ -378,15 +433,17 @@ Result<DecodedStateBlob> DecodeStateBlob(std::span<const uint8_t> blob) {
   uint32_t version = 0;
   if (!r.Bytes(magic, sizeof(magic)) || !r.Le(&version))
     return InvalidArgument("state blob: truncated header");
-  if (version != StateBlobHeader::kVersion)
+  if (version != 1 && version != StateBlobHeader::kVersion)
     return InvalidArgument("state blob: layout version " + std::to_string(version) +
-                           ", this build reads version " +
+                           ", this build reads versions 1 and " +
                            std::to_string(StateBlobHeader::kVersion));
   int64_t n_tokens = 0;
   if (!r.Bytes(h.model.data(), h.model.size()) || !r.Str(&h.numerics, 64) || !r.Row(&h.kv_row) ||
-      !r.Row(&h.index_key) || !r.Le(&h.page_tokens) || !r.Le(&h.window) || !r.Le(&h.n_layers) ||
-      !r.Le(&h.first_page) || !r.Le(&h.end_pos) || !r.Le(&h.mtp_end_pos) || !r.Le(&n_tokens))
+      (version >= 2 && !r.Row(&h.compressed_row)) || !r.Row(&h.index_key) ||
+      !r.Le(&h.page_tokens) || !r.Le(&h.window) || !r.Le(&h.n_layers) || !r.Le(&h.first_page) ||
+      !r.Le(&h.end_pos) || !r.Le(&h.mtp_end_pos) || !r.Le(&n_tokens))
     return InvalidArgument("state blob: truncated or malformed header");
+  if (version == 1) h.compressed_row = h.kv_row;  // version 1 stored both in one format
   if (h.page_tokens <= 0 || h.window <= 0 || h.n_layers <= 0 || h.first_page < 0 ||
       h.end_pos < 0 || h.mtp_end_pos < 0 || h.mtp_end_pos > h.end_pos || n_tokens != h.end_pos ||
       h.first_page * h.page_tokens > h.end_pos ||

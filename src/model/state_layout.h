@@ -13,7 +13,9 @@
 // Rows are stored in the exact formats their values already have in the numerics that wrote
 // them (PackRow refuses a row it cannot hold exactly): FP8 e4m3 + e8m0 scale per 64 for the
 // nope dims of KV rows with bf16 rope dims, FP4 e2m1 + e8m0 per 32 for indexer keys in the
-// official numerics; bf16 or f32 otherwise. Nothing is lost: unpacking gives the same bits.
+// official numerics (V4.1: window rows FP8 over all dims per 32, compressed rows FP4 e2m1 with
+// an e4m3 scale per 16); bf16 or f32 otherwise. Nothing is lost: unpacking gives the same bits.
+// V4.1 with Engram adds one more boundary part: the token classes of the last n-gram positions.
 //
 // StateBlob* define the self-describing serialized form (Export / Import): header, token ids,
 // page bytes, boundary bytes, SHA-256 over all of it.
@@ -21,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +42,7 @@ enum class RowCodec : uint8_t {
   kBf16 = 1,     // dim x bf16
   kFp8Nope = 2,  // leading `quantized` dims: e4m3 codes, one e8m0 scale per `block`; rest bf16
   kFp4 = 3,      // e2m1 pairs (low nibble = even dim), one e8m0 scale per `block`
+  kFp4E4m3 = 4,  // e2m1 pairs, one e4m3 scale per `block` (V4.1 compressed KV, block 16)
 };
 
 struct RowFormat {
@@ -56,6 +60,7 @@ RowFormat F32Row(int dim);
 RowFormat Bf16Row(int dim);
 RowFormat Fp8NopeRow(int dim, int quantized, int block);
 RowFormat Fp4Row(int dim, int block);
+RowFormat Fp4E4m3Row(int dim, int block);
 
 // Packs row [f.dim] f32 into out [f.Bytes()]. FailedPrecondition when a value is not exactly
 // representable (a bug upstream, or a non-finite value from a broken checkpoint): the caller
@@ -80,8 +85,8 @@ struct LayerStateLayout {
   bool overlap = false;
   int kv_width = 0;        // compressor projection width (a and g+ape rows are this wide)
   int history_slots = 0;   // compressor projection rows kept (slot = pos % history_slots)
-  int index_ratio = 0;     // indexer compressor (0: none)
-  int index_width = 0;
+  int index_ratio = 0;     // index keys stored (0: none), one per index_ratio positions
+  int index_width = 0;     // V4: the indexer compressor's projection width (V4.1: 0, none)
   int index_history_slots = 0;
   int64_t rows_per_page = 0;  // compressed KV rows per page (page_tokens / compress_ratio)
   int64_t keys_per_page = 0;  // indexer keys per page (page_tokens / index_ratio)
@@ -97,8 +102,14 @@ struct StateLayout {
   int page_tokens = 0;
   int rollback_tokens = 0;
   int window = 0;
-  RowFormat kv_row;     // window ring rows and compressed KV rows
-  RowFormat index_key;  // indexer keys
+  RowFormat kv_row;          // window ring rows
+  RowFormat compressed_row;  // compressed KV rows (V4: the same format as kv_row)
+  RowFormat index_key;       // indexer keys
+  // V4.1 Engram: token classes kept per sequence (slot = pos % slots): the n-gram's previous
+  // positions (max_ngram_size - 1) plus the rollback. 0 without Engram.
+  int token_history_slots = 0;
+  int token_history_needed = 0;  // max_ngram_size - 1
+  int64_t token_classes = 0;     // classes are in [0, token_classes) (engram_compressed_vocab_size)
   std::vector<LayerStateLayout> layers;  // backbone, then MTP
   int64_t page_bytes = 0;
 
@@ -117,19 +128,23 @@ struct StateLayout {
   std::string Describe() const;
 };
 
-// kv_row / index_key: the storage formats the backend's numerics write (PackRow must hold them).
+// kv_row / index_key / compressed_row (default: kv_row): the storage formats the backend's
+// numerics write (PackRow must hold them).
 Result<StateLayout> MakeStateLayout(const ModelConfig& config, const std::vector<LayerPlan>& plans,
                                     RowFormat kv_row, RowFormat index_key,
-                                    const StateLayoutOptions& options);
+                                    const StateLayoutOptions& options,
+                                    std::optional<RowFormat> compressed_row = std::nullopt);
 
 // ---- serialized state (Export / Import) ------------------------------------------------------
 
 // What identifies the state a blob holds, checked in full on import.
 struct StateBlobHeader {
-  static constexpr uint32_t kVersion = 1;
+  // 2: the compressed rows' format and the Engram token classes (V4.1); version 1 blobs (no
+  // compressed_row: it was kv_row) are still read.
+  static constexpr uint32_t kVersion = 2;
   Sha256Digest model{};  // model/fingerprint.h
   std::string numerics;  // "official", "fp32-reference"
-  RowFormat kv_row, index_key;
+  RowFormat kv_row, compressed_row, index_key;
   int page_tokens = 0;
   int window = 0;
   int n_layers = 0;           // layer layouts in the layout (backbone + MTP)

@@ -1,10 +1,16 @@
 #include "model/weights.h"
 
+#include <unistd.h>
+
+#include <bit>
 #include <cstdio>
 #include <cstring>
 
 #include "core/system_memory.h"
 #include "io/json_file.h"
+#include "model/engram.h"
+#include "text/engram_token_map.h"
+#include "text/tokenizer.h"
 
 namespace dsinfer::model {
 namespace {
@@ -16,6 +22,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 class TensorWalker {
  public:
   virtual ~TensorWalker() = default;
+  int fp8_block = 128;  // edge of the FP8 weights' square scale blocks (quantization_config)
   virtual void Plain(const std::string& name, std::vector<DType> dtypes, std::vector<int64_t> shape,
                      TensorView* out) = 0;
   virtual void Matrix(const std::string& prefix, WeightFormat format, int64_t rows, int64_t cols,
@@ -116,7 +123,126 @@ void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) 
   w.Matrix(f + "gate", WeightFormat::kBF16, c.n_routed_experts, d, lw ? &lw->gate : nullptr);
 }
 
+// A V4.1 backbone layer or dSpark stage (reference/v41/LAYOUT.md, "Tensors").
+void WalkLayerV41(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) {
+  const bool stage = li >= c.n_layers;
+  const int s = li - c.n_layers;
+  const std::string p =
+      stage ? "mtp." + std::to_string(s) + "." : "layers." + std::to_string(li) + ".";
+  const int ratio = c.CompressRatio(li);
+  const int64_t d = c.hidden, hd = c.head_dim, h = c.n_heads;
+  if (lw) lw->layer_id = li, lw->compress_ratio = ratio;
+  if (stage && s == 0) {
+    w.Matrix(p + "main_proj", WeightFormat::kFp8Block, d,
+             d * static_cast<int64_t>(c.dspark.target_layer_ids.size()),
+             lw ? &lw->dspark.main_proj : nullptr);
+    w.Plain(p + "main_norm.weight", {DType::kBF16}, {d}, lw ? &lw->dspark.main_norm : nullptr);
+  }
+  WalkHc(w, p, "attn", c, lw ? &lw->hc_attn : nullptr);
+  WalkHc(w, p, "ffn", c, lw ? &lw->hc_ffn : nullptr);
+  w.Plain(p + "attn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->attn_norm : nullptr);
+  w.Plain(p + "ffn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->ffn_norm : nullptr);
+  const std::string a = p + "attn.";
+  w.Plain(a + "attn_sink", {DType::kF32}, {h}, lw ? &lw->attn_sink : nullptr);
+  w.Matrix(a + "wq_a", WeightFormat::kFp8Block, c.q_lora_rank, d, lw ? &lw->wq_a : nullptr);
+  w.Plain(a + "q_norm.weight", {DType::kBF16}, {c.q_lora_rank}, lw ? &lw->q_norm : nullptr);
+  w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
+  w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
+  w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
+  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank,
+           h * hd / c.o_groups, lw ? &lw->wo_a : nullptr);
+  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank,
+           lw ? &lw->wo_b : nullptr);
+  const bool kv_source = !stage && c.IsKvSource(li);
+  const bool index_source = !stage && c.IsIndexSource(li);
+  if (kv_source) {
+    // No ape and no overlap; ratio 1 has no gate (one row per token).
+    const std::string cp = a + "compressor.";
+    CompressorWeights* cw = lw ? &lw->compressor : nullptr;
+    w.Matrix(cp + "wkv", WeightFormat::kBF16, hd, d, cw ? &cw->wkv : nullptr);
+    if (ratio > 1) w.Matrix(cp + "wgate", WeightFormat::kBF16, hd, d, cw ? &cw->wgate : nullptr);
+    w.Plain(cp + "norm.weight", {DType::kBF16}, {hd}, cw ? &cw->norm : nullptr);
+    if (index_source) {
+      w.Matrix(a + "indexer.wk", WeightFormat::kBF16, c.index_head_dim, hd,
+               lw ? &lw->indexer.wk : nullptr);
+      w.Plain(a + "indexer.k_norm.weight", {DType::kBF16}, {c.index_head_dim},
+              lw ? &lw->indexer.k_norm : nullptr);
+    }
+  }
+  if (index_source) {
+    w.Matrix(a + "indexer.wq_b", WeightFormat::kFp8Block,
+             int64_t{c.index_n_heads} * c.index_head_dim, c.q_lora_rank,
+             lw ? &lw->indexer.wq_b : nullptr);
+    w.Matrix(a + "indexer.weights_proj", WeightFormat::kBF16, c.index_n_heads, d,
+             lw ? &lw->indexer.weights_proj : nullptr);
+  }
+  const int ej = stage ? -1 : c.engram.IndexOf(li);
+  if (ej >= 0) {
+    const EngramConfig& e = c.engram;
+    const std::string ep = p + "engram.";
+    EngramWeights* ew = lw ? &lw->engram : nullptr;
+    w.Plain(ep + "embed.weight", {DType::kF8E4M3}, {e.num_embeddings[ej], e.head_dim},
+            ew ? &ew->table : nullptr);
+    w.Plain(ep + "embed.scale", {DType::kF8E8M0}, {e.num_embeddings[ej], e.head_dim / 32},
+            ew ? &ew->table_scale : nullptr);
+    w.Matrix(ep + "wkv", WeightFormat::kFp8Block, d * (c.hc_mult + 1),
+             int64_t{e.RowsPerToken()} * e.head_dim, ew ? &ew->wkv : nullptr);
+    w.Plain(ep + "q_weight", {DType::kBF16}, {c.hc_mult, d}, ew ? &ew->q_weight : nullptr);
+    w.Plain(ep + "k_weight", {DType::kBF16}, {c.hc_mult, d}, ew ? &ew->k_weight : nullptr);
+  }
+  if (stage && s == c.n_mtp_layers - 1) {
+    DsparkWeights* dw = lw ? &lw->dspark : nullptr;
+    w.Plain(p + "norm.weight", {DType::kBF16}, {d}, lw ? &lw->norm : nullptr);
+    w.Matrix(p + "markov_head.embed", WeightFormat::kBF16, c.vocab_size, c.dspark.markov_rank,
+             dw ? &dw->markov_embed : nullptr);
+    w.Matrix(p + "markov_head.head", WeightFormat::kBF16, c.vocab_size, c.dspark.markov_rank,
+             dw ? &dw->markov_head : nullptr);
+    w.Matrix(p + "confidence_head.proj", WeightFormat::kBF16, 1, d + c.dspark.markov_rank,
+             dw ? &dw->confidence_proj : nullptr);
+  }
+  const std::string f = p + "ffn.";
+  const int E = c.RoutedExperts(li);
+  if (c.n_shared_experts > 0) {
+    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d,
+             lw ? &lw->shared.w1 : nullptr);
+    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter,
+             lw ? &lw->shared.w2 : nullptr);
+    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d,
+             lw ? &lw->shared.w3 : nullptr);
+  }
+  if (lw) lw->experts.resize(E);
+  for (int e = 0; e < E; ++e) {
+    const std::string ep = f + "experts." + std::to_string(e) + ".";
+    w.Matrix(ep + "w1", WeightFormat::kFp4Packed, c.moe_inter, d,
+             lw ? &lw->experts[e].w1 : nullptr);
+    w.Matrix(ep + "w3", WeightFormat::kFp4Packed, c.moe_inter, d,
+             lw ? &lw->experts[e].w3 : nullptr);
+  }
+  for (int e = 0; e < E; ++e) {
+    const std::string ep = f + "experts." + std::to_string(e) + ".";
+    w.Matrix(ep + "w2", WeightFormat::kFp4Packed, d, c.moe_inter,
+             lw ? &lw->experts[e].w2 : nullptr);
+  }
+  w.Plain(f + "gate.bias", {DType::kF32}, {E}, lw ? &lw->gate_bias : nullptr);
+  if (c.vision) w.Plain(f + "gate.bias_vl", {DType::kF32}, {E}, lw ? &lw->gate_bias_vl : nullptr);
+  w.Matrix(f + "gate", WeightFormat::kBF16, E, d, lw ? &lw->gate : nullptr);
+}
+
+void WalkModelV41(TensorWalker& w, const ModelConfig& c, ModelWeights* mw) {
+  w.Plain("embed.weight", {DType::kBF16}, {c.vocab_size, c.hidden}, mw ? &mw->embed : nullptr);
+  for (int li = 0; li < c.n_layers; ++li) WalkLayerV41(w, c, li, mw ? &mw->layers[li] : nullptr);
+  w.Plain("norm.weight", {DType::kBF16}, {c.hidden}, mw ? &mw->norm : nullptr);
+  w.Matrix("head", WeightFormat::kBF16, c.vocab_size, c.hidden, mw ? &mw->head : nullptr);
+  for (int li = c.n_layers; li < c.n_layers + c.n_mtp_layers; ++li)
+    WalkLayerV41(w, c, li, mw ? &mw->layers[li] : nullptr);
+}
+
 void WalkModel(TensorWalker& w, const ModelConfig& c, ModelWeights* mw) {
+  w.fp8_block = c.weight_block;
+  if (c.V41()) {
+    WalkModelV41(w, c, mw);
+    return;
+  }
   w.Plain("embed.weight", {DType::kBF16}, {c.vocab_size, c.hidden}, mw ? &mw->embed : nullptr);
   for (int li = 0; li < c.n_layers; ++li) WalkLayer(w, c, li, mw ? &mw->layers[li] : nullptr);
   WalkHc(w, "", "head", c, mw ? &mw->hc_head : nullptr);
@@ -146,7 +272,7 @@ class SpecCollector : public TensorWalker {
         specs.push_back({prefix + ".weight", {DType::kF8E4M3}, {rows, cols}});
         specs.push_back({prefix + ".scale",
                          {DType::kF8E8M0, DType::kF32},
-                         {CeilDiv(rows, 128), CeilDiv(cols, 128)}});
+                         {CeilDiv(rows, fp8_block), CeilDiv(cols, fp8_block)}});
         break;
       case WeightFormat::kFp4Packed:
         specs.push_back({prefix + ".weight", {DType::kI8, DType::kU8}, {rows, cols / 2}});
@@ -177,6 +303,7 @@ class Binder : public TensorWalker {
               WeightMatrix* out) override {
     if (!status.ok()) return;
     SpecCollector one;
+    one.fp8_block = fp8_block;
     one.Matrix(prefix, format, rows, cols, nullptr);
     io::TensorRef weight, scale;
     if (!Check(one.specs[0].name, one.specs[0].dtypes, one.specs[0].shape, &weight)) return;
@@ -192,7 +319,8 @@ class Binder : public TensorWalker {
       out->scales = scale.bytes.data();
       out->scale_dtype = scale.info->dtype;
       out->scale_cols = scale.info->shape[1];
-      out->block = format == WeightFormat::kFp4Packed ? 32 : 128;
+      out->block = format == WeightFormat::kFp4Packed ? 32 : fp8_block;
+      out->block_shift = std::countr_zero(static_cast<unsigned>(out->block));
       // A scale code of 0xff (NaN) would poison every product of the block: reject at load.
       if (out->scale_dtype == DType::kF8E8M0) {
         for (uint8_t b : scale.bytes) {
@@ -249,7 +377,7 @@ int64_t WeightMatrix::Bytes() const {
     case WeightFormat::kBF16:
       return rows * cols * 2;
     case WeightFormat::kFp8Block:
-      return rows * cols + CeilDiv(rows, 128) * CeilDiv(cols, 128);
+      return rows * cols + CeilDiv(rows, block) * CeilDiv(cols, block);
     case WeightFormat::kFp4Packed:
       return rows * cols / 2 + rows * cols / 32;
   }
@@ -290,6 +418,35 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config) {
   return std::move(collector.specs);
 }
 
+namespace {
+
+// V4.1 Engram: the token classes from the checkpoint's tokenizer.json (spec §14.5), and the
+// tables' sizes checked against the hash primes.
+Status BindEngramTokenMap(ModelWeights& mw) {
+  const ModelConfig& c = mw.config();
+  DSINFER_RETURN_IF_ERROR(EngramHasher::Create(c.engram).status());
+  const std::string path = mw.checkpoint().dir() + "/tokenizer.json";
+  if (::access(path.c_str(), R_OK) != 0)
+    return NotFound("checkpoint " + mw.checkpoint().dir() +
+                    " has Engram layers, whose token map is built from its tokenizer.json "
+                    "(spec §14.5): there is none");
+  DSINFER_ASSIGN_OR_RETURN(text::Tokenizer tokenizer, text::Tokenizer::FromFile(path));
+  DSINFER_ASSIGN_OR_RETURN(text::EngramTokenMap map, text::BuildEngramTokenMap(tokenizer));
+  if (map.classes != c.engram.compressed_vocab_size)
+    return InvalidArgument(path + " gives " + std::to_string(map.classes) +
+                           " Engram token classes, the config's engram_compressed_vocab_size is " +
+                           std::to_string(c.engram.compressed_vocab_size));
+  if (static_cast<int64_t>(map.class_of.size()) < c.vocab_size)
+    return InvalidArgument(path + " has " + std::to_string(map.class_of.size()) +
+                           " tokens, fewer than the model's vocab_size " +
+                           std::to_string(c.vocab_size));
+  map.class_of.resize(static_cast<size_t>(c.vocab_size));
+  mw.engram_token_map = std::move(map.class_of);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(
     const ModelConfig& config, std::unique_ptr<io::Checkpoint> checkpoint) {
   auto mw = std::unique_ptr<ModelWeights>(new ModelWeights());
@@ -299,6 +456,17 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Bind(
   Binder binder(*mw->checkpoint_);
   WalkModel(binder, config, mw.get());
   DSINFER_RETURN_IF_ERROR(binder.status);
+  if (config.engram.enabled()) DSINFER_RETURN_IF_ERROR(BindEngramTokenMap(*mw));
+  // Engram tables are read a row at a time (24 rows of one table per token, spec §14.5): no
+  // readahead, or every row fault would read (and keep) the pages around it.
+  for (const std::string& name : mw->checkpoint_->TensorNames())
+    if (name.ends_with(".engram.embed.weight") || name.ends_with(".engram.embed.scale"))
+      DSINFER_RETURN_IF_ERROR(mw->checkpoint_->AdviseRandomAccess(name));
+  // V4.1's vision tower is not run (text only): its tensors are recognised and left alone.
+  for (const std::string& name : mw->checkpoint_->TensorNames())
+    if (name.rfind("vision.", 0) == 0 || name.rfind("aligner.", 0) == 0 || name == "image_start" ||
+        name == "image_end" || name == "image_newline")
+      ++mw->skipped_vision_tensors;
   // Hash routing reads tid2eid[token] as expert ids: validate them once so the forward pass
   // can index experts without bounds checks.
   for (const auto& layer : mw->layers) {
@@ -371,7 +539,14 @@ Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir,
                                                   reserve_bytes, AvailableMemoryBytes()));
   // Before Bind: the views point into wherever the bytes are.
   if (resolved == WeightResidency::kCopy) DSINFER_RETURN_IF_ERROR(checkpoint->CopyIntoMemory());
-  return Bind(config, std::move(checkpoint));
+  DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                           Bind(config, std::move(checkpoint)));
+  if (weights->skipped_vision_tensors > 0)
+    std::fprintf(stderr,
+                 "dsinfer: %s: skipping the vision tower (%lld tensors vision.*, aligner.*, "
+                 "image_*): text input only\n",
+                 dir.c_str(), static_cast<long long>(weights->skipped_vision_tensors));
+  return weights;
 }
 
 namespace {

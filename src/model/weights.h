@@ -36,15 +36,17 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t scale_cols = 0;  // row stride of the scale grid
-  int block = 128;         // FP8: square block edge; FP4: K block (32)
+  int block = 128;         // FP8: square block edge (V4 128, V4.1 32); FP4: K block (32)
+  int block_shift = 7;     // log2(block)
   std::string name;
 
   bool valid() const { return data != nullptr; }
   // Scale for weight element (r, c) as fp32. Inline: the GEMV kernels ask once per 32 (FP4)
   // or 128 (FP8) weights, and an out-of-line call there cost ~6 % of a decode step.
   float Scale(int64_t r, int64_t c) const {
-    int64_t idx = format == WeightFormat::kFp4Packed ? r * scale_cols + c / 32
-                                                     : (r / 128) * scale_cols + c / 128;
+    int64_t idx = format == WeightFormat::kFp4Packed
+                      ? r * scale_cols + (c >> 5)
+                      : (r >> block_shift) * scale_cols + (c >> block_shift);
     if (scale_dtype == DType::kF32) {
       float v;
       std::memcpy(&v, scales + idx * 4, 4);
@@ -91,7 +93,30 @@ struct CompressorWeights {
 struct IndexerWeights {
   WeightMatrix wq_b;             // [index_heads*index_head_dim, q_lora] fp8
   WeightMatrix weights_proj;     // [index_heads, hidden] bf16
-  CompressorWeights compressor;  // d = index_head_dim, overlap (coff = 2)
+  CompressorWeights compressor;  // V4: d = index_head_dim, overlap (coff = 2)
+  // V4.1 kv sources that are index sources: keys = k_norm(wk(compressed latent)).
+  WeightMatrix wk;    // [index_head_dim, head_dim] bf16
+  TensorView k_norm;  // [index_head_dim] bf16
+};
+
+// V4.1 Engram module of a layer (spec §14.5). The table is read row by row where it lies (the
+// real ones are ~101 GB each): never copied, never scanned whole.
+struct EngramWeights {
+  TensorView table;        // [rows, head_dim_e] e4m3 codes
+  TensorView table_scale;  // [rows, head_dim_e / 32] e8m0, per row and 32 columns
+  WeightMatrix wkv;        // [hidden * (hc + 1), rows_per_token * head_dim_e] fp8
+  TensorView q_weight;     // [hc, hidden] bf16
+  TensorView k_weight;     // [hc, hidden] bf16
+  bool valid() const { return table.valid(); }
+};
+
+// V4.1 dSpark stage tensors (spec §14.6): loaded and validated; drafting is not implemented.
+struct DsparkWeights {
+  WeightMatrix main_proj;        // stage 0: [hidden, hidden * targets] fp8
+  TensorView main_norm;          // stage 0: [hidden] bf16
+  WeightMatrix markov_embed;     // last stage: [vocab, markov_rank] bf16
+  WeightMatrix markov_head;      // last stage: [vocab, markov_rank] bf16
+  WeightMatrix confidence_proj;  // last stage: [1, hidden + markov_rank] bf16
 };
 
 struct ExpertWeights {
@@ -120,15 +145,19 @@ struct LayerWeights {
   CompressorWeights compressor;  // ratio > 0 only
   IndexerWeights indexer;        // ratio == 4 only
   // MoE
-  WeightMatrix gate;     // [experts, hidden] bf16 (run in fp32)
-  TensorView gate_bias;  // [experts] f32 (score-routed layers)
-  TensorView tid2eid;    // [vocab, experts_per_tok] i32/i64 (hash-routed layers)
-  ExpertWeights shared;  // fp8
+  WeightMatrix gate;        // [experts, hidden] bf16 (run in fp32)
+  TensorView gate_bias;     // [experts] f32 (score-routed layers)
+  TensorView gate_bias_vl;  // V4.1 with a vision tower: [experts] f32 (image spans; unused)
+  TensorView tid2eid;       // [vocab, experts_per_tok] i32/i64 (hash-routed layers)
+  ExpertWeights shared;     // fp8
   std::vector<ExpertWeights> experts;
   // MTP only
   WeightMatrix e_proj, h_proj;    // [hidden, hidden] fp8
   TensorView enorm, hnorm, norm;  // [hidden] bf16
   HcParams hc_head;
+  // V4.1
+  EngramWeights engram;  // Engram layers only
+  DsparkWeights dspark;  // dSpark stages only
 };
 
 // Where the weights live while the model runs.
@@ -166,11 +195,17 @@ class ModelWeights {
   // Whether the weights were copied into memory (WeightResidency::kCopy), else mmapped.
   bool copied() const { return checkpoint_->copied(); }
 
-  TensorView embed;   // [vocab, hidden] bf16
-  WeightMatrix head;  // [vocab, hidden] bf16 (fp32 logits)
-  TensorView norm;    // [hidden] bf16
-  HcParams hc_head;
-  std::vector<LayerWeights> layers;  // backbone then MTP
+  TensorView embed;                  // [vocab, hidden] bf16
+  WeightMatrix head;                 // [vocab, hidden] bf16 (fp32 logits)
+  TensorView norm;                   // [hidden] bf16
+  HcParams hc_head;                  // V4 only (V4.1 has no hc_head)
+  std::vector<LayerWeights> layers;  // backbone then MTP (V4.1: dSpark stages)
+  // V4.1 Engram: the class of every token id (text/engram_token_map.h), from the checkpoint's
+  // tokenizer.json. [vocab_size]
+  std::vector<int32_t> engram_token_map;
+  // Tensors of the checkpoint that no expected tensor names and that were skipped on purpose
+  // (V4.1's vision tower: text only for now).
+  int64_t skipped_vision_tensors = 0;
 
  private:
   ModelConfig config_;

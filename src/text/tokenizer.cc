@@ -134,6 +134,7 @@ struct Tokenizer::Impl {
   LiteralMatcher normalized_added;  // normalized=true: matched in the remaining gaps
   std::unordered_map<std::string, int32_t> added_ids;  // content -> id
   std::vector<std::string> token_bytes;                // [vocab_size] decoded bytes of each id
+  std::vector<std::string> token_strings;              // [vocab_size] vocab / added spelling
   std::vector<uint8_t> token_kind;                     // [vocab_size] a Kind per id
   std::optional<int32_t> bos, eos;
 
@@ -211,6 +212,7 @@ struct Tokenizer::Impl {
     for (const auto& [token, id] : bpe.vocab()) size = std::max(size, id + 1);
     for (const Added& a : added) size = std::max(size, a.id + 1);
     token_bytes.assign(size, std::string());
+    token_strings.assign(size, std::string());
     token_kind.assign(size, kNone);
     auto decoded_bytes = [](const std::string& token) {
       // ByteLevel decoder: all characters through the byte table, else the token's own UTF-8.
@@ -226,10 +228,12 @@ struct Tokenizer::Impl {
     };
     for (const auto& [token, id] : bpe.vocab()) {
       token_bytes[id] = decoded_bytes(token);
+      token_strings[id] = token;
       token_kind[id] = kVocab;
     }
     for (const Added& a : added) {
       token_bytes[a.id] = decoded_bytes(a.content);
+      token_strings[a.id] = a.content;
       token_kind[a.id] = a.special ? kSpecial : kAdded;
     }
     return Status::Ok();
@@ -404,6 +408,11 @@ std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 const std::string* Tokenizer::TokenBytes(int32_t id) const {
   if (id < 0 || id >= vocab_size() || impl_->token_kind[id] == Impl::kNone) return nullptr;
   return &impl_->token_bytes[id];
+}
+
+const std::string* Tokenizer::TokenString(int32_t id) const {
+  if (id < 0 || id >= vocab_size() || impl_->token_kind[id] == Impl::kNone) return nullptr;
+  return &impl_->token_strings[id];
 }
 
 bool Tokenizer::IsSpecial(int32_t id) const {

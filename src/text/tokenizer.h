@@ -59,6 +59,9 @@ class Tokenizer {
   // The raw bytes a token decodes to (before the lossy UTF-8 conversion); nullptr if `id` names
   // no token. Used by StreamingDetokenizer.
   const std::string* TokenBytes(int32_t id) const;
+  // The token as the tokenizer spells it (HF convert_ids_to_tokens: "Ġthe", "<｜User｜>");
+  // nullptr if `id` names no token.
+  const std::string* TokenString(int32_t id) const;
   bool IsSpecial(int32_t id) const;
 
  private:
@@ -66,6 +69,12 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// tokenizer_json with added tokens' contents replaced as overlay_json says
+// ({"added_token_content": {"<id>": "<content>", ...}}; every id must be an added token): the V4.1
+// tokenizer is V4's with tests/fixtures/v41/tokenizer_overlay.json applied. Returns the JSON text.
+Result<std::string> ApplyAddedTokenOverlay(std::string_view tokenizer_json,
+                                           std::string_view overlay_json);
 
 // Turns a stream of ids into text pieces, each valid UTF-8: bytes of a character split across
 // tokens are held back until the character completes. The concatenation of all Next() results

@@ -82,7 +82,9 @@ TEST_P(ForwardInvariance, ResetGivesAFreshSequence) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, ForwardInvariance,
                          ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false},
-                                           Case{"tiny-b", true}, Case{"tiny-c", false}),
+                                           Case{"tiny-b", true}, Case{"tiny-c", false},
+                                           Case{"tiny-v41-a", true}, Case{"tiny-v41-a", false},
+                                           Case{"tiny-v41-b", true}, Case{"tiny-v41-c", false}),
                          [](const auto& param_info) {
                            std::string n = param_info.param.preset +
                                            (param_info.param.official ? "_official" : "_fp32");
@@ -91,8 +93,10 @@ INSTANTIATE_TEST_SUITE_P(Presets, ForwardInvariance,
                            return n;
                          });
 
-TEST(Forward, BatchedStepEqualsSequencesAlone) {
-  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+class BatchInvariance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvariance, BatchedStepEqualsSequencesAlone) {
+  const auto& w = dsinfer::testing::PresetWeights(GetParam());
   ThreadPool pool(2);
   auto m = CpuModel::Create(w, Numerics::Official(), pool);
   ASSERT_TRUE(m.ok());
@@ -135,6 +139,14 @@ TEST(Forward, BatchedStepEqualsSequencesAlone) {
   }
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(alone[i], batched[i]) << "sequence " << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, BatchInvariance, ::testing::Values("tiny-a", "tiny-v41-a"),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 // The official numerics (bf16 activations, FP8 activations/KV, FP4 indexer) must stay within the
 // error those formats explain relative to the fp32 reference, and must differ at all (the

@@ -106,6 +106,35 @@ TEST(Linear, MatchesFp64ReferenceForEveryFormatAndBatch) {
       }
 }
 
+// V4.1's FP8 weights carry one scale per 32x32 block: the GEMV at every token count (no
+// panels, no bf16 tile paths), within the fp32 summation bound and batch-invariant bit for bit.
+TEST(Linear, Fp8Block32MatchesFp64AndIsBatchInvariant) {
+  ThreadPool pool(2);
+  uint32_t seed = 100;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{33, 64}, {130, 96}, {17, 5120}})
+    for (bool quantized : {true, false})
+      for (int64_t m : {1, 3, 16, 37}) {
+        std::mt19937 rng(seed++);
+        HostWeight w = RandomWeight(rng, WeightFormat::kFp8Block, rows, cols,
+                                    {.scale_code_lo = 127 - 12,
+                                     .scale_code_hi = 127 - 4,
+                                     .name = "test.block32",
+                                     .fp8_block = 32});
+        ASSERT_EQ(w.view.Scale(31, 31), E8M0ToF32(w.scales[0]));
+        ASSERT_EQ(w.view.Scale(32, 33), E8M0ToF32(w.scales[w.view.scale_cols + 1]));
+        auto x = MakeTokens(m, cols, quantized, seed++);
+        std::vector<float> y(m * rows), alone(rows);
+        MatMul(w.view, x.data(), m, y.data(), pool);
+        ExpectNearReference(w.view, x, m, y);
+        for (int64_t t = 0; t < m; ++t) {
+          MatMul(w.view, x.data() + t * cols, 1, alone.data(), pool);
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[r]), std::bit_cast<uint32_t>(y[t * rows + r]))
+                << "token " << t << " row " << r;
+        }
+      }
+}
+
 // A token's row must not depend on the call it is in: alone vs. at any position in a batch that
 // mixes bf16-exact (AMX when present) and arbitrary fp32 rows (FP32 kernels).
 // 37 and 100 tokens take the register-blocked panels (linear_panel.cc): groups of 6 and a ragged

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_model.h"
+#include "backend/cpu/ops.h"
 #include "core/dtype.h"
 #include "core/quant.h"
 #include "model/layer_plan.h"
@@ -115,6 +116,57 @@ TEST(RowCodecs, ValuesOffTheGridAreRefused) {
   row[5] = 1.0f;
   row[7] = 1.25f;  // between e2m1 values 1 and 1.5 at scale 1
   EXPECT_FALSE(model::PackRow(model::Fp4Row(64, 32), row.data(), packed.data()).ok());
+}
+
+// V4.1 (spec §14.2): window rows FP8 over all dims in blocks of 32; compressed rows FP4 e2m1
+// with an e4m3 scale per 16 (the round trip's own scale is found again from the values).
+TEST(RowCodecs, V41FormatsHoldTheirRoundTripsBitForBit) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  const model::RowFormat window = model::Fp8NopeRow(512, 512, 32);
+  const model::RowFormat compressed = model::Fp4E4m3Row(512, 16);
+  EXPECT_EQ(window.Bytes(), 512 + 16);
+  EXPECT_EQ(compressed.Bytes(), 256 + 32);  // V4.1's compressed KV: 288 B per row
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<float> row(512);
+    const float magnitude = std::ldexp(1.0f, trial % 40 - 25);  // down to e4m3's subnormal scales
+    for (auto& v : row) v = RoundBf16(dist(rng) * magnitude);
+    if (trial % 9 == 0) std::fill(row.begin() + 32, row.begin() + 64, 0.0f);  // zero blocks
+    if (trial % 7 == 0) row[1] = -0.0f;
+    std::vector<float> w = row, c = row;
+    Fp8RoundTripInPlace(w.data(), 512, 32);
+    Fp4E4m3RoundTripInPlace(c.data(), 512, 16);
+    for (const auto& [f, v] : {std::pair{window, &w}, std::pair{compressed, &c}}) {
+      std::vector<uint8_t> packed(static_cast<size_t>(f.Bytes()));
+      ASSERT_TRUE(model::PackRow(f, v->data(), packed.data()).ok())
+          << f.Describe() << " trial " << trial;
+      std::vector<float> back(512);
+      model::UnpackRow(f, packed.data(), back.data());
+      ASSERT_TRUE(SameBits(*v, back)) << f.Describe() << " trial " << trial;
+    }
+  }
+  // Off the grid: a block whose values no e4m3 scale puts on e2m1 (1 and 1.25 at any scale).
+  std::vector<float> row(512, 0.0f);
+  row[0] = 1.0f, row[1] = 1.25f;
+  std::vector<uint8_t> packed(static_cast<size_t>(compressed.Bytes()));
+  EXPECT_FALSE(model::PackRow(compressed, row.data(), packed.data()).ok());
+}
+
+// The e4m3-scaled FP4 round trip itself (docs/NUMERICS.md, V4.1 assumption 3).
+TEST(RowCodecs, Fp4E4m3RoundTripFollowsItsFormula) {
+  std::vector<float> x = {6.0f, 3.0f, 1.0f, 0.2f, -0.7f, 0.0f, 2.5f, -6.0f,
+                          0.0f, 0.0f, 0.0f, 0.0f, 0.0f,  0.0f, 0.0f, 0.0f};
+  Fp4E4m3RoundTripInPlace(x.data(), 16, 16);  // amax 6: s = 1
+  EXPECT_EQ(x, (std::vector<float>{6, 3, 1, 0, -0.5f, 0, 2, -6, 0, 0, 0, 0, 0, 0, 0, 0}));
+  std::vector<float> y(16, 0.0f);
+  y[0] = 7.0f;  // s = e4m3(7 / 6) = 1.125; 7 / 1.125 = 6.22 -> 6 -> 6.75
+  y[1] = 1.0f;  // 1 / 1.125 = 0.89 -> 1 -> 1.125
+  Fp4E4m3RoundTripInPlace(y.data(), 16, 16);
+  EXPECT_EQ(y[0], 6.75f);
+  EXPECT_EQ(y[1], 1.125f);
+  std::vector<float> tiny(16, 1e-6f);  // below the floor: s = 2^-9 (e4m3's smallest), all 0
+  Fp4E4m3RoundTripInPlace(tiny.data(), 16, 16);
+  EXPECT_EQ(tiny[0], 0.0f);
 }
 
 TEST(TopK, TiesGoToTheLowerIndexAndTheResultIsAscending) {
@@ -369,7 +421,9 @@ TEST_P(PagedState, CopiesSharePagesAndWritesCopyThem) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, PagedState,
                          ::testing::Values(Case{"tiny-a", true}, Case{"tiny-a", false},
-                                           Case{"tiny-c", true}, Case{"tiny-b", false}),
+                                           Case{"tiny-c", true}, Case{"tiny-b", false},
+                                           Case{"tiny-v41-a", true}, Case{"tiny-v41-b", false},
+                                           Case{"tiny-v41-c", true}),
                          [](const auto& param_info) {
                            std::string n = param_info.param.preset +
                                            (param_info.param.official ? "_official" : "_fp32");

@@ -8,8 +8,10 @@
 #include <string>
 
 #include "core/thread_pool.h"
+#include "io/text_file.h"
 #include "model/demo_model.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace dsinfer::testing {
 
@@ -32,6 +34,18 @@ inline std::string TestTempDir() {
   return dir.path.string();
 }
 
+// The V4.1 tokenizer: V4's with tests/fixtures/v41/tokenizer_overlay.json applied (what
+// `create-demo-model --tokenizer ... --tokenizer-overlay ...` writes next to a V4.1 checkpoint).
+inline std::string V41TokenizerJson() {
+  const std::string root = DSINFER_SOURCE_DIR;
+  auto tok = io::ReadTextFile(root + "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json");
+  auto overlay = io::ReadTextFile(root + "/tests/fixtures/v41/tokenizer_overlay.json");
+  DSINFER_CHECK_MSG(tok.ok() && overlay.ok(), "V4.1 tokenizer fixtures missing");
+  auto json = text::ApplyAddedTokenOverlay(*tok, *overlay);
+  DSINFER_CHECK_MSG(json.ok(), json.status().ToString());
+  return std::move(json).value();
+}
+
 // Writes (once) and loads the preset's checkpoint; aborts the test binary on failure.
 inline const model::ModelWeights& PresetWeights(const std::string& preset, uint64_t seed = 1) {
   static std::map<std::string, std::unique_ptr<model::ModelWeights>>* cache =
@@ -45,6 +59,7 @@ inline const model::ModelWeights& PresetWeights(const std::string& preset, uint6
   ThreadPool pool(2);
   model::DemoModelOptions options;
   options.seed = seed;
+  if (config->engram.enabled()) options.tokenizer_json = V41TokenizerJson();
   Status st = model::WriteDemoModel(*config, dir, options, pool);
   DSINFER_CHECK_MSG(st.ok(), st.ToString());
   auto weights = model::ModelWeights::Load(dir);

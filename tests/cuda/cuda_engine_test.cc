@@ -10,6 +10,7 @@
 
 #include "../backend/test_models.h"
 #include "../engine_test_util.h"
+#include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_runner.h"
 #include "device_test_util.h"
 #include "runtime/engine.h"
@@ -50,6 +51,20 @@ std::unique_ptr<Engine> GpuEngine(EngineOptions o, std::string* why) {
   std::unique_ptr<Engine> engine = GpuEngine(options, &why_##engine);        \
   if (!engine) GTEST_SKIP() << "no CUDA device or engine: " << why_##engine; \
   EXPECT_NE(engine->device().find("cuda:0"), std::string::npos)
+
+// DeepSeek-V4.1 is refused with a clear error before any device is opened (it runs on the CPU
+// backend only), on machines with a GPU and without one; V4 checkpoints are accepted.
+TEST(CudaEngine, V41CheckpointsAreRefusedBeforeTheDeviceOpens) {
+  const auto& v41 = dsinfer::testing::PresetWeights("tiny-v41-a");
+  const Status refused = CudaModel::Supports(v41.config());
+  EXPECT_EQ(refused.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(refused.message().find("DeepSeek-V4.1"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("--device cpu"), std::string::npos) << refused.message();
+  auto runner = MakeCudaRunner(0, v41, Numerics::Official());
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), StatusCode::kUnimplemented) << runner.status().ToString();
+  EXPECT_TRUE(CudaModel::Supports(dsinfer::testing::PresetWeights("tiny-a").config()).ok());
+}
 
 TEST(CudaEngine, GreedyMatchesTheCpuEngineAloneInABatchAndAfterAPrefixHit) {
   const RequestParams target = Greedy(Ids(300, 1), 16);

@@ -51,6 +51,20 @@ TEST(CheckpointTest, OpensShardedCheckpoint) {
   EXPECT_EQ((*ckpt)->shards().size(), 2u);
 }
 
+// The random-access hint (Engram tables) lands on the tensor's own mapped bytes: madvise accepts
+// the page-aligned range inside the shard; the bytes read the same after; unknown names fail.
+TEST(CheckpointTest, AdviseRandomAccessCoversATensorAndRefusesUnknownNames) {
+  ScratchDir dir;
+  WriteShardedCheckpoint(dir, kGoodMap);
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_TRUE((*ckpt)->AdviseRandomAccess("c").ok());
+  EXPECT_TRUE((*ckpt)->AdviseRandomAccess("a").ok());
+  TensorRef c = (*ckpt)->Find("c");
+  EXPECT_EQ(std::vector<uint8_t>(c.bytes.begin(), c.bytes.end()), (std::vector<uint8_t>{4, 5, 6}));
+  EXPECT_EQ((*ckpt)->AdviseRandomAccess("nope").code(), StatusCode::kNotFound);
+}
+
 TEST(CheckpointTest, OpensSingleFileCheckpointAndTrailingSlash) {
   ScratchDir dir;
   ASSERT_TRUE(WriteSafetensors(dir.File("model.safetensors"), {U8("w", {9, 8})}).ok());

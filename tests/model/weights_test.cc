@@ -13,7 +13,9 @@
 
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "model/demo_model.h"
+#include "text/tokenizer.h"
 
 namespace dsinfer::model {
 namespace {
@@ -157,6 +159,75 @@ TEST(ModelWeights, CopiedLoadBindsTheSameBytes) {
   const WeightMatrix& wb = (*copied)->layers[1].experts[0].w2;
   EXPECT_EQ(std::memcmp(wa.data, wb.data, static_cast<size_t>(wa.Bytes())), 0);
   EXPECT_EQ(std::memcmp(wa.scales, wb.scales, static_cast<size_t>(wa.rows * wa.scale_cols)), 0);
+}
+
+// ---- V4.1 ---------------------------------------------------------------------------------------
+
+std::string V41Tokenizer() {
+  auto tok = io::ReadTextFile(std::string(DSINFER_SOURCE_DIR) +
+                              "/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json");
+  auto overlay = io::ReadTextFile(std::string(DSINFER_SOURCE_DIR) +
+                                  "/tests/fixtures/v41/tokenizer_overlay.json");
+  DSINFER_CHECK(tok.ok() && overlay.ok());
+  auto json = text::ApplyAddedTokenOverlay(*tok, *overlay);
+  DSINFER_CHECK(json.ok());
+  return *json;
+}
+
+TEST(ModelWeights, LoadsAV41CheckpointWithItsRolesAndTokenMap) {
+  const std::string dir = TempDir("tiny-v41-a");
+  ThreadPool pool(2);
+  DemoModelOptions options;
+  // Engram layers need the tokenizer: refused without one.
+  Status refused = WriteDemoModel(*PresetConfig("tiny-v41-a"), dir, options, pool);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("tokenizer"), std::string::npos);
+  options.tokenizer_json = V41Tokenizer();
+  ASSERT_TRUE(WriteDemoModel(*PresetConfig("tiny-v41-a"), dir, options, pool).ok());
+  auto w = ModelWeights::Load(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const ModelWeights& m = **w;
+  EXPECT_EQ(m.layers.size(), 9u);                      // 8 layers + 1 dSpark stage
+  EXPECT_TRUE(m.layers[2].compressor.wgate.valid());   // ratio-2 kv source
+  EXPECT_FALSE(m.layers[4].compressor.wgate.valid());  // ratio-1 kv source: no gate
+  EXPECT_TRUE(m.layers[4].indexer.wk.valid());
+  EXPECT_FALSE(m.layers[6].indexer.wk.valid());  // index source, not a kv source
+  EXPECT_TRUE(m.layers[6].indexer.wq_b.valid());
+  EXPECT_TRUE(m.layers[3].engram.valid());
+  EXPECT_TRUE(m.layers[8].dspark.main_proj.valid());
+  EXPECT_EQ(m.layers[0].wq_a.block, 32);
+  EXPECT_EQ(m.layers[0].wq_a.Bytes(), 32 * 64 + 1 * 2);  // [32, 64] codes + [1, 2] scales
+  ASSERT_EQ(m.engram_token_map.size(), 512u);
+  EXPECT_EQ(m.engram_token_map[2], 2);  // the pad token's class
+  // The tokenizer must give the config's class count.
+  std::ofstream(dir + "/tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})";
+  EXPECT_FALSE(ModelWeights::Load(dir).ok());
+  std::filesystem::remove(dir + "/tokenizer.json");
+  auto none = ModelWeights::Load(dir);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("tokenizer.json"), std::string::npos);
+}
+
+TEST(ModelWeights, V41VisionTensorsAreSkipped) {
+  const std::string dir = TempDir("tiny-v41-vision");
+  ThreadPool pool(2);
+  DemoModelOptions options;
+  options.tokenizer_json = V41Tokenizer();
+  ASSERT_TRUE(WriteDemoModel(*PresetConfig("tiny-v41-c"), dir, options, pool).ok());
+  // A shard with vision tensors, named in the index like the released checkpoint's.
+  io::OwnedTensor patch{
+      "vision.patch_embed.weight", DType::kBF16, {4, 4}, std::vector<uint8_t>(32)};
+  io::OwnedTensor start{"image_start", DType::kBF16, {64}, std::vector<uint8_t>(128)};
+  ASSERT_TRUE(io::WriteSafetensors(dir + "/vision.safetensors", {patch, start}).ok());
+  nlohmann::json index =
+      nlohmann::json::parse(std::ifstream(dir + "/model.safetensors.index.json"));
+  index["weight_map"]["vision.patch_embed.weight"] = "vision.safetensors";
+  index["weight_map"]["image_start"] = "vision.safetensors";
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  auto w = ModelWeights::Load(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ((*w)->skipped_vision_tensors, 2);
 }
 
 TEST(ModelWeights, ResidencyChoice) {

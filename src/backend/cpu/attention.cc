@@ -48,7 +48,7 @@ void PoolGroup(std::span<const float* const> rows, int ratio, int width, bool ov
 }
 
 void IndexerScores(const float* q, const float* w, std::span<const float* const> keys, int heads,
-                   int head_dim, bool round_bf16, float* scores) {
+                   int head_dim, bool round_bf16, float* scores, bool round_terms) {
   // Every head against every key, heads in groups sharing each key's loads (the same Dot per
   // head and key), then each key's score summed over the heads in order. Keys go in blocks so
   // the [heads, keys] products stay small (64 KiB) at any length.
@@ -65,7 +65,8 @@ void IndexerScores(const float* q, const float* w, std::span<const float* const>
       for (int h = 0; h < heads; ++h) {
         float dv = dots[int64_t{h} * nb + j];
         if (round_bf16) dv = RoundBf16(dv);
-        s += std::max(dv, 0.0f) * w[h];
+        const float term = std::max(dv, 0.0f) * w[h];
+        s += round_bf16 && round_terms ? RoundBf16(term) : term;
       }
       scores[j0 + j] = round_bf16 ? RoundBf16(s) : s;
     }
@@ -85,7 +86,8 @@ std::vector<int32_t> TopK(std::span<const float> scores, int k) {
 }
 
 void AttendHeads(const float* q, int n_heads, std::span<const float* const> rows, int head_dim,
-                 const float* sink, float scale, bool round_bf16, float* o) {
+                 const float* sink, float scale, bool round_bf16, float* o,
+                 bool max_over_rows_only) {
   // The heads attend to the same rows (one KV head), loaded once for all of them; each head's
   // arithmetic is the one-head sequence (Dot for the scores, one FMA per row into its output).
   const auto n_rows = static_cast<int64_t>(rows.size());
@@ -94,7 +96,7 @@ void AttendHeads(const float* q, int n_heads, std::span<const float* const> rows
   std::vector<float> denom(static_cast<size_t>(n_heads));  // [heads]
   for (int j = 0; j < n_heads; ++j) {
     float* w = weights.data() + j * n_rows;
-    float mx = sink[j];
+    float mx = max_over_rows_only && n_rows > 0 ? -INFINITY : sink[j];
     for (int64_t r = 0; r < n_rows; ++r) {
       w[r] *= scale;
       mx = std::max(mx, w[r]);
@@ -128,18 +130,39 @@ Result<CompressedRows> CpuOps::CompressorPool(int layer, Compressor which, const
   const int d = overlap ? w / 2 : w;
   CompressedRows done;
   done.per_segment.assign(segments_.size(), 0);
+  if (g == nullptr) {
+    // No gate (V4.1 ratio 1): every token completes its own row, a itself.
+    if (index || plan.compressor_gated)
+      return Internal("layer " + std::to_string(layer) + ": a gated compressor without gates");
+    for (size_t si = 0; si < segments_.size(); ++si) {
+      const Segment& sg = segments_[si];
+      for (int64_t t = 0; t < sg.n; ++t) {
+        const int64_t pos = sg.start_pos + t;
+        if ((pos + 1) % r != 0) continue;
+        std::copy_n(a + (sg.row + t) * w, w, rows_out + done.n * d);
+        done.first_pos.push_back(pos + 1 - r);
+        ++done.per_segment[si];
+        ++done.n;
+      }
+    }
+    return done;
+  }
   std::vector<const float*> cand(static_cast<size_t>(overlap ? 2 * r : r));
   for (size_t si = 0; si < segments_.size(); ++si) {
     const Segment& sg = segments_[si];
     SequenceState& st = State(si);
     for (int64_t t = 0; t < sg.n; ++t) {
-      // History row of this position: a, then g + ape of its offset in the group.
+      // History row of this position: a, then g + ape of its offset in the group (V4.1: no ape).
       const int64_t pos = sg.start_pos + t;
       float* h = st.History(layer, index, pos);
       std::copy_n(a + (sg.row + t) * w, w, h);
       const float* gsrc = g + (sg.row + t) * w;
       const int64_t ape_row = pos % r;
-      for (int i = 0; i < w; ++i) h[w + i] = gsrc[i] + cw.ape.F32At(ape_row * w + i);
+      if (cw.ape.valid()) {
+        for (int i = 0; i < w; ++i) h[w + i] = gsrc[i] + cw.ape.F32At(ape_row * w + i);
+      } else {
+        std::copy_n(gsrc, w, h + w);
+      }
       if ((pos + 1) % r != 0) continue;
       // The group completes: pool it from its candidates' history rows.
       const int64_t first = pos + 1 - r;
@@ -168,43 +191,95 @@ Status CpuOps::StoreCompressed(int layer, Compressor which, const CompressedRows
   return Status::Ok();
 }
 
-Result<Selection> CpuOps::IndexerSelect(int layer, const float* qi, const float* wts) {
+namespace {
+
+// The candidate blocks of one query (spec §14.3, level one): block b holds rows
+// [b * size, (b + 1) * size) of the n_vis visible ones; its score is its rows' highest; the block
+// holding the newest row is pinned; the `keep` best blocks (ties: the lower block), ascending.
+std::vector<int32_t> CandidateBlocks(std::span<const float> scores, int size, int keep) {
+  const int64_t n_vis = static_cast<int64_t>(scores.size());
+  const int n_blocks = static_cast<int>((n_vis + size - 1) / size);
+  keep = std::min(keep, n_blocks - 1);
+  std::vector<float> block_score(static_cast<size_t>(n_blocks), -INFINITY);
+  for (int64_t j = 0; j < n_vis; ++j)
+    block_score[j / size] = std::max(block_score[j / size], scores[j]);
+  if (n_blocks > 0) block_score.back() = INFINITY;
+  return TopK(block_score, keep);
+}
+
+}  // namespace
+
+Result<Selection> CpuOps::IndexerSelect(const IndexerQuery& q) {
   const model::ModelConfig& c = config();
-  const int ratio = plans_[layer].index_ratio;
+  const int ratio = q.ratio;
   const int ih = c.index_n_heads, ihd = c.index_head_dim;
   const bool rb = numerics_.round_bf16;
+  const bool round_terms = plans_[q.layer].index_score_round_terms;
   const int64_t T = static_cast<int64_t>(tokens_.size());
+  if (ratio <= 0 || q.key_layer < 0 || q.key_layer >= static_cast<int>(plans_.size()))
+    return Internal("IndexerSelect: no keys to select from");
+  if (q.candidate_blocks != nullptr && q.candidate_blocks->size() != static_cast<size_t>(T))
+    return Internal("IndexerSelect: candidate blocks of another step");
+  const bool candidates = q.candidate_blocks_out != nullptr || q.candidate_blocks != nullptr;
+  const int cbs = q.candidate_block_size;
+  if (candidates && cbs <= 0)
+    return Internal("IndexerSelect: candidate block size must be positive");
   Selection selected(static_cast<size_t>(T));
+  if (q.candidate_blocks_out != nullptr) q.candidate_blocks_out->assign(static_cast<size_t>(T), {});
   // Each sequence's keys that its last query sees, unpacked once (only where some query must
-  // score them: at most index_topk visible means all are selected).
+  // score them: at most index_topk visible means all are selected, unless candidate blocks are
+  // chosen or applied).
   std::vector<AlignedVector<float>> keys(segments_.size());  // [segments][n_keys, ihd]
   std::vector<std::vector<const float*>> key_ptrs(segments_.size());
   for (size_t si = 0; si < segments_.size(); ++si) {
     const Segment& sg = segments_[si];
     const int64_t n_keys = (sg.start_pos + sg.n) / ratio;
-    if (n_keys <= c.index_topk) continue;
+    if (n_keys <= c.index_topk && !candidates) continue;
     keys[si].resize(static_cast<size_t>(n_keys * ihd));
     key_ptrs[si].resize(static_cast<size_t>(n_keys));
     pool_.ParallelFor(n_keys, [&](int64_t j) {
-      State(si).ReadRow(layer, true, j, keys[si].data() + j * ihd);
+      State(si).ReadRow(q.key_layer, true, j, keys[si].data() + j * ihd);
       key_ptrs[si][j] = keys[si].data() + j * ihd;
     });
     stats_.kv_bytes += n_keys * State(si).layout().index_key.Bytes();
   }
-  std::vector<int64_t> scored(static_cast<size_t>(T), 0);  // [T] keys scored past the top-k
+  std::vector<int64_t> scored(static_cast<size_t>(T), 0);  // [T] keys scored
   pool_.ParallelFor(T, [&](int64_t t) {
     const int n_vis = static_cast<int>((pos_of_[t] + 1) / ratio);
-    if (n_vis <= c.index_topk) {
+    const float* const* all = key_ptrs[seg_of_[t]].data();
+    const float* qt = q.qi + t * ih * ihd;
+    const float* wt = q.wts + t * ih;
+    if (q.candidate_blocks != nullptr) {
+      // Level two: only the candidate blocks' rows compete (ascending, so ties still go to the
+      // lower row); all of them when they are at most index_topk.
+      std::vector<int32_t> rows;
+      for (int32_t b : (*q.candidate_blocks)[t])
+        for (int32_t j = b * cbs; j < std::min((b + 1) * cbs, n_vis); ++j) rows.push_back(j);
+      if (static_cast<int>(rows.size()) <= c.index_topk) {
+        selected[t] = std::move(rows);
+        return;
+      }
+      std::vector<const float*> ptrs(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) ptrs[i] = all[rows[i]];
+      std::vector<float> scores(rows.size());
+      IndexerScores(qt, wt, ptrs, ih, ihd, rb, scores.data(), round_terms);
+      scored[t] = static_cast<int64_t>(rows.size());
+      for (int32_t i : TopK(scores, c.index_topk)) selected[t].push_back(rows[i]);
+      return;
+    }
+    const bool blocks_out = q.candidate_blocks_out != nullptr && n_vis > cbs;
+    if (n_vis <= c.index_topk && !blocks_out) {
       selected[t].resize(static_cast<size_t>(n_vis));
       std::iota(selected[t].begin(), selected[t].end(), 0);
       return;
     }
     scored[t] = n_vis;
     std::vector<float> scores(static_cast<size_t>(n_vis));
-    IndexerScores(qi + t * ih * ihd, wts + t * ih,
-                  std::span<const float* const>(key_ptrs[seg_of_[t]].data(), n_vis), ih, ihd, rb,
-                  scores.data());
+    IndexerScores(qt, wt, std::span<const float* const>(all, n_vis), ih, ihd, rb, scores.data(),
+                  round_terms);
     selected[t] = TopK(scores, c.index_topk);
+    if (blocks_out)
+      (*q.candidate_blocks_out)[t] = CandidateBlocks(scores, cbs, q.candidate_topk_blocks);
   });
   for (int64_t t = 0; t < T; ++t) stats_.macs += scored[t] * ih * int64_t{ihd};
   return selected;
@@ -217,6 +292,7 @@ Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* 
   const int64_t T = static_cast<int64_t>(tokens_.size());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool rb = numerics_.round_bf16;
+  const bool max_over_rows = plans_[layer].softmax_max_over_rows;
   const model::TensorView& sink_view = Layer(layer).attn_sink;
   std::vector<float> sink(static_cast<size_t>(H));  // [H]
   for (int h = 0; h < H; ++h) sink[h] = sink_view.F32At(h);
@@ -254,7 +330,8 @@ Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* 
       for (int64_t j = 0; j < n_comp; ++j)
         if (u.slot[j] >= 0) st.ReadRow(kv_layer, false, j, u.rows.data() + u.slot[j] * hd);
     }
-    stats_.kv_bytes += (n_ring + n_read) * st.layout().kv_row.Bytes();
+    stats_.kv_bytes +=
+        n_ring * st.layout().kv_row.Bytes() + n_read * st.layout().compressed_row.Bytes();
   }
 
   // A task takes one token and up to kSharedRowsMax of its heads.
@@ -280,7 +357,7 @@ Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* 
     }
     if (h0 == 0) visible[t] = static_cast<int64_t>(rows.size());
     AttendHeads(q + (t * H + h0) * hd, nh, rows, hd, sink.data() + h0, scale, rb,
-                o + (t * H + h0) * hd);
+                o + (t * H + h0) * hd, max_over_rows);
   });
   for (int64_t t = 0; t < T; ++t) stats_.macs += visible[t] * H * int64_t{hd} * 2;
   return Status::Ok();

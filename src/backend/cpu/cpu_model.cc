@@ -7,10 +7,19 @@
 namespace dsinfer::backend::cpu {
 
 model::RowFormat KvRowFormat(const model::ModelConfig& c, const Numerics& nm) {
+  // V4.1: the round trip puts every dim on the FP8 grid (blocks of 32, power-of-two scales).
+  if (c.V41() && nm.kv_fp8_round_trip) return model::Fp8NopeRow(c.head_dim, c.head_dim, 32);
   // Official: RMSNorm and RoPE write bf16, the QAT round trip puts the nope dims on the FP8
   // grid (blocks of 64, power-of-two scales).
   if (nm.round_bf16 && nm.kv_fp8_round_trip) return model::Fp8NopeRow(c.head_dim, c.NopeDim(), 64);
   return nm.round_bf16 ? model::Bf16Row(c.head_dim) : model::F32Row(c.head_dim);
+}
+
+model::RowFormat CompressedRowFormat(const model::ModelConfig& c, const Numerics& nm) {
+  // V4.1: FP4 e2m1 with an e4m3 scale per 16 (spec §14.2); V4: as the window rows.
+  if (c.V41() && nm.kv_fp8_round_trip) return model::Fp4E4m3Row(c.head_dim, 16);
+  if (c.V41()) return nm.round_bf16 ? model::Bf16Row(c.head_dim) : model::F32Row(c.head_dim);
+  return KvRowFormat(c, nm);
 }
 
 model::RowFormat IndexKeyFormat(const model::ModelConfig& c, const Numerics& nm) {
@@ -37,10 +46,10 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Create(const model::ModelWeights& we
                                                    Numerics numerics, ThreadPool& pool,
                                                    Options options) {
   const model::ModelConfig& c = weights.config();
-  DSINFER_ASSIGN_OR_RETURN(
-      model::StateLayout layout,
-      model::MakeStateLayout(c, model::PlanLayers(c), KvRowFormat(c, numerics),
-                             IndexKeyFormat(c, numerics), options.layout));
+  DSINFER_ASSIGN_OR_RETURN(model::StateLayout layout,
+                           model::MakeStateLayout(c, model::PlanLayers(c), KvRowFormat(c, numerics),
+                                                  IndexKeyFormat(c, numerics), options.layout,
+                                                  CompressedRowFormat(c, numerics)));
   if (options.pages == nullptr) options.pages = MakeHeapPageAllocator();
   return std::unique_ptr<CpuModel>(
       new CpuModel(weights, numerics, pool, std::move(layout), std::move(options.pages)));

@@ -41,6 +41,7 @@ struct SequenceChunk {
 // numerics put the values on those grids, else bf16 or f32 (model/state_layout.h).
 model::RowFormat KvRowFormat(const model::ModelConfig& c, const Numerics& numerics);
 model::RowFormat IndexKeyFormat(const model::ModelConfig& c, const Numerics& numerics);
+model::RowFormat CompressedRowFormat(const model::ModelConfig& c, const Numerics& numerics);
 
 class CpuModel {
  public:

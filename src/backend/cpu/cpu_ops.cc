@@ -41,6 +41,10 @@ const model::WeightMatrix& WeightOf(const model::ModelWeights& w, int layer, Wei
       return lw.e_proj;
     case Weight::kHProj:
       return lw.h_proj;
+    case Weight::kIndexWk:
+      return lw.indexer.wk;
+    case Weight::kEngramWkv:
+      return lw.engram.wkv;
     case Weight::kHead:
       break;
   }
@@ -69,6 +73,8 @@ const model::TensorView& NormOf(const model::ModelWeights& w, int layer, Norm wh
       return lw.hnorm;
     case Norm::kFinal:
       return lw.norm;
+    case Norm::kIndexKey:
+      return lw.indexer.k_norm;
   }
   return lw.norm;
 }
@@ -79,6 +85,12 @@ CpuOps::CpuOps(const model::ModelWeights& weights, const Numerics& numerics,
                const std::vector<model::LayerPlan>& plans, ThreadPool& pool)
     : weights_(weights), numerics_(numerics), plans_(plans), pool_(pool) {
   for (const model::LayerPlan& p : plans) rope_.push_back(RopeTable::ForPlan(config(), p));
+  if (config().engram.enabled()) {
+    // Validated when the weights were bound (model/weights.cc): cannot fail here.
+    auto hasher = model::EngramHasher::Create(config().engram);
+    DSINFER_CHECK_MSG(hasher.ok(), hasher.status().ToString());
+    engram_hasher_.emplace(std::move(hasher).value());
+  }
 }
 
 Status CpuOps::BeginStep(std::span<const Segment> segments, std::span<const int32_t> tokens) {
@@ -123,6 +135,27 @@ Status CpuOps::HcPre(int layer, HcSite site, const float* H, float* x, float* mi
   pool_.ParallelFor(static_cast<int64_t>(tokens_.size()), [&](int64_t t) {
     cpu::HcPre(c, p, H + t * HD, x + t * D, mix + t * M, numerics_.round_bf16);
   });
+  return Status::Ok();
+}
+
+Status CpuOps::HcPreCarried(int layer, HcSite site, const float* H, const float* carry,
+                            int64_t carry_stride, float* x, float* mix) {
+  const model::ModelConfig& c = config();
+  const model::HcParams& p = site == HcSite::kAttn ? Layer(layer).hc_attn : Layer(layer).hc_ffn;
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D, M = HcMixFloats(c);
+  pool_.ParallelFor(static_cast<int64_t>(tokens_.size()), [&](int64_t t) {
+    cpu::HcMix(c, p, H + t * HD, mix + t * M);
+    cpu::HcCollapse(c, carry + t * carry_stride, H + t * HD, x + t * D, numerics_.round_bf16);
+  });
+  return Status::Ok();
+}
+
+Status CpuOps::HcCollapse(const float* H, int64_t rows, const float* pre, int64_t pre_stride,
+                          float* y) {
+  const model::ModelConfig& c = config();
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
+  for (int64_t t = 0; t < rows; ++t)
+    cpu::HcCollapse(c, pre + t * pre_stride, H + t * HD, y + t * D, numerics_.round_bf16);
   return Status::Ok();
 }
 
@@ -240,6 +273,12 @@ Status CpuOps::Fp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, i
 
 Status CpuOps::Fp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) {
   for (int64_t r = 0; r < rows; ++r) Fp4RoundTripInPlace(x + r * stride, static_cast<int>(n), block);
+  return Status::Ok();
+}
+
+Status CpuOps::Fp4E4m3RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) {
+  for (int64_t r = 0; r < rows; ++r)
+    Fp4E4m3RoundTripInPlace(x + r * stride, static_cast<int>(n), block);
   return Status::Ok();
 }
 

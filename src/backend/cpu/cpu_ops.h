@@ -9,6 +9,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "backend/v4_ops.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
+#include "model/engram.h"
 #include "model/layer_plan.h"
 #include "model/weights.h"
 
@@ -35,16 +37,21 @@ void PoolGroup(std::span<const float* const> rows, int ratio, int width, bool ov
                float* out);
 // Indexer scores of one query over keys (spec §5.4): scores[j] = sum_h w[h] relu(q_h . key_j),
 // with the dots and the sum rounded to bf16 when round_bf16. q [heads, head_dim], w [heads].
+// round_terms (V4.1, docs/NUMERICS.md V4.1 assumption 9): each head's weighted term
+// bf16(relu(bf16(q_h . key)) * w_h) is rounded too before the fp32 sum.
 void IndexerScores(const float* q, const float* w, std::span<const float* const> keys, int heads,
-                   int head_dim, bool round_bf16, float* scores);
+                   int head_dim, bool round_bf16, float* scores, bool round_terms = false);
 // The indices of the k highest scores (ties: lower index first), ascending; all of them when
 // k >= scores.size(), none when k <= 0.
 std::vector<int32_t> TopK(std::span<const float> scores, int k);
 // Sparse attention with sink (spec §5.6) of heads [0, n_heads) (n_heads <= kSharedRowsMax) of
 // one query q [n_heads, head_dim] over rows (K = V): o [n_heads, head_dim], before the inverse
-// RoPE. P is rounded to bf16 before P.V and o after, when round_bf16.
+// RoPE. P is rounded to bf16 before P.V and o after, when round_bf16. The softmax's shift m is
+// the largest logit among the rows and the sink (V4), or among the rows only (V4.1, spec §5.6's
+// m = max_s l_s): equal results without rounding, different bf16 P where the sink is largest.
 void AttendHeads(const float* q, int n_heads, std::span<const float* const> rows, int head_dim,
-                 const float* sink, float scale, bool round_bf16, float* o);
+                 const float* sink, float scale, bool round_bf16, float* o,
+                 bool max_over_rows_only = false);
 
 class CpuOps final : public V4Ops {
  public:
@@ -58,6 +65,10 @@ class CpuOps final : public V4Ops {
 
   Status Embed(int copies, float* out) override;
   Status HcPre(int layer, HcSite site, const float* H, float* x, float* mix) override;
+  Status HcPreCarried(int layer, HcSite site, const float* H, const float* carry,
+                      int64_t carry_stride, float* x, float* mix) override;
+  Status HcCollapse(const float* H, int64_t rows, const float* pre, int64_t pre_stride,
+                    float* y) override;
   Status HcPost(const float* mix, const float* y, float* H) override;
   Status HcHead(int layer, const float* H, int64_t rows, float* y) override;
   Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) override;
@@ -72,6 +83,7 @@ class CpuOps final : public V4Ops {
   Status ScaleRound(float* x, int64_t n, float scale) override;
   Status Fp8RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) override;
   Status Fp4RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) override;
+  Status Fp4E4m3RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) override;
   Status Hadamard(float* x, int64_t rows, int64_t n) override;
   Status AddToStreams(const float* e, float* X) override;
 
@@ -79,10 +91,14 @@ class CpuOps final : public V4Ops {
                                         const float* g, float* rows_out) override;
   Status StoreCompressed(int layer, Compressor which, const CompressedRows& rows,
                          const float* data) override;
-  Result<Selection> IndexerSelect(int layer, const float* qi, const float* wts) override;
+  Result<Selection> IndexerSelect(const IndexerQuery& query) override;
   Status SparseAttention(int layer, int kv_layer, int ratio, const float* q, const float* kv,
                          const Selection* selected, float* o) override;
   Status StoreWindow(int layer, const float* kv) override;
+
+  Status EngramBegin() override;
+  Status EngramGather(int layer, float* rows) override;
+  Status EngramGate(int layer, const float* kv, float* H) override;
 
   Status Route(int layer, bool hash, const float* x) override;
   Status Experts(int layer, const float* x, float* out) override;
@@ -115,6 +131,9 @@ class CpuOps final : public V4Ops {
   // The last Route's choices, for Experts.
   std::vector<int32_t> chosen_;  // [T, K] expert ids
   std::vector<float> weight_;    // [T, K] routing weights
+  // V4.1 Engram: the hashing (null without Engram) and the step's row ids per Engram layer.
+  std::optional<model::EngramHasher> engram_hasher_;
+  std::vector<std::vector<int64_t>> engram_ids_;  // [engram layers][T, rows_per_token]
   StepStats stats_;
 };
 

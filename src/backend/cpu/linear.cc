@@ -21,8 +21,8 @@ namespace {
 
 void DequantFp8Row(const WeightMatrix& w, int64_t r, float* out) {
   const uint8_t* codes = w.data + r * w.cols;
-  for (int64_t c0 = 0; c0 < w.cols; c0 += 128) {
-    int64_t len = std::min<int64_t>(128, w.cols - c0);
+  for (int64_t c0 = 0; c0 < w.cols; c0 += w.block) {
+    int64_t len = std::min<int64_t>(w.block, w.cols - c0);
     float s = w.Scale(r, c0);
     int64_t i = 0;
 #ifdef DSINFER_X86_AVX2
@@ -126,7 +126,9 @@ using fused::LoadE4M3x8;
 // Writes y[j*ldy + y_col + i] for row r + i. R rows run side by side only to give the core
 // independent FMA chains (at M = 1 a single row is one latency-bound chain); every (row, token)
 // dot product is the same instruction sequence for any R and M, so results never depend on them.
-template <int M, int R>
+// kFp8Block: the FP8 scale block's edge (V4 128, V4.1 32), a constant so the per-block loop
+// unrolls.
+template <int M, int R, int kFp8Block = 128>
 void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, int64_t ldy,
                   int64_t y_col) {
   const int64_t k = w.cols;
@@ -143,12 +145,12 @@ void GemvRowBlock(const WeightMatrix& w, int64_t r, const float* x, float* y, in
       }
     }
   } else if (w.format == WeightFormat::kFp8Block) {
-    const uint8_t* rows = w.data + r * k;  // [R, k] e4m3, one scale per 128x128 block
-    for (int64_t c0 = 0; c0 < k; c0 += 128) {
+    const uint8_t* rows = w.data + r * k;  // [R, k] e4m3, one scale per block x block tile
+    for (int64_t c0 = 0; c0 < k; c0 += kFp8Block) {
       __m256 part[R][M];
       for (int i = 0; i < R; ++i)
         for (int j = 0; j < M; ++j) part[i][j] = _mm256_setzero_ps();
-      for (int64_t c = c0; c < c0 + 128; c += 8) {
+      for (int64_t c = c0; c < c0 + kFp8Block; c += 8) {
         for (int i = 0; i < R; ++i) {
           __m256 wv = LoadE4M3x8(rows + i * k + c);
           for (int j = 0; j < M; ++j)
@@ -193,6 +195,12 @@ void GemvRows(const WeightMatrix& w, int64_t r0, int64_t r1, const float* x, flo
   }
   constexpr int kRows = M >= 4 ? 1 : 4 / M;
   int64_t r = r0;
+  if (w.format == WeightFormat::kFp8Block && w.block == 32) {  // V4.1's 32x32 blocks
+    for (; r + kRows <= r1; r += kRows)
+      GemvRowBlock<M, kRows, 32>(w, r, x, y, ldy, y_offset + (r - r0));
+    for (; r < r1; ++r) GemvRowBlock<M, 1, 32>(w, r, x, y, ldy, y_offset + (r - r0));
+    return;
+  }
   for (; r + kRows <= r1; r += kRows) GemvRowBlock<M, kRows>(w, r, x, y, ldy, y_offset + (r - r0));
   for (; r < r1; ++r) GemvRowBlock<M, 1>(w, r, x, y, ldy, y_offset + (r - r0));
 }
@@ -202,12 +210,19 @@ bool FusedGemvApplies(const WeightMatrix& w) {
     case WeightFormat::kBF16:
       return w.cols % 8 == 0;
     case WeightFormat::kFp8Block:
-      return w.cols % 128 == 0;
+      return (w.block == 128 || w.block == 32) && w.cols % w.block == 0;
     case WeightFormat::kFp4Packed:
       return w.cols % 32 == 0;
     default:
       return false;
   }
+}
+
+// The register-blocked panels (linear_panel.cc) decode FP8 weights in 128-column blocks only:
+// V4.1's 32x32 blocks stay on the GEMV at every token count (the same instruction sequence per
+// output, so batch invariance holds).
+bool PanelsApply(const WeightMatrix& w) {
+  return w.format != WeightFormat::kFp8Block || w.block == 128;
 }
 #endif
 
@@ -474,7 +489,7 @@ void MatMulRowsFp32(const WeightMatrix& w, int64_t row_begin, int64_t row_end, c
     // FP4 8.5 -> 8.5, 9.1 -> 10.4, 8.3 -> 9.3; bf16 11.8 -> 10.1 (a loss), 11.7 -> 13.8,
     // 10.4 -> 11.7 (32 tokens: 11.0 -> 11.6).
     const int64_t panel_min_tokens = w.format == WeightFormat::kFp8Block ? 16 : 32;
-    const bool panels = m >= panel_min_tokens;
+    const bool panels = m >= panel_min_tokens && PanelsApply(w);
     // The last m % 4 token rows of an FP4 matmul, when 1 or 2: where their activations are exact
     // small integers (FP8-quantized), the integer route (fused::Fp4IntRows), bit-identical.
     const int64_t tail = m % 4 <= 2 ? m % 4 : 0;

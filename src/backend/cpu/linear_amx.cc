@@ -588,7 +588,8 @@ bool Applies(const WeightMatrix& w) {
   switch (w.format) {
     case WeightFormat::kBF16:
       return true;
-    case WeightFormat::kFp8Block:
+    case WeightFormat::kFp8Block:  // 128x128 blocks only (V4.1's 32x32 ones take the FP32 GEMV)
+      return w.scale_dtype == DType::kF8E8M0 && w.block == 128;
     case WeightFormat::kFp4Packed:
       return w.scale_dtype == DType::kF8E8M0;  // power-of-two scales keep the bf16 weights exact
     default:

@@ -64,15 +64,21 @@ Status CpuOps::Route(int layer, bool hash, const float* x) {
     for (int e = 0; e < E; ++e) bias[e] = lw.gate_bias.F32At(e);
   }
   std::vector<int32_t> idx(E), hash_ids(K);  // [E] scratch, [K] one token's tid2eid row
+  // V4.1 (spec §14.6): logits / gate_temp; weights over (sum + 1e-20), normalised when K > 1.
+  const bool v41 = c.V41();
+  const float temp = static_cast<float>(c.gate_temp);
   for (int64_t t = 0; t < T; ++t) {
     float* s = logits.data() + t * E;
-    for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(s[e]));
+    if (v41)
+      for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(s[e] / temp));
+    else
+      for (int e = 0; e < E; ++e) s[e] = std::sqrt(RouterSoftplus(s[e]));
     if (hash)  // ids validated at load (model/weights.cc)
       for (int k = 0; k < K; ++k)
         hash_ids[k] = static_cast<int32_t>(lw.tid2eid.IntAt(int64_t{tokens_[t]} * K + k));
     RouteOneToken(s, E, K, hash ? hash_ids.data() : nullptr, bias.data(),
                   static_cast<float>(c.route_scale), idx.data(), chosen_.data() + t * K,
-                  weight_.data() + t * K);
+                  weight_.data() + t * K, v41 ? 1e-20f : 0.0f, !v41 || K > 1);
   }
   return Status::Ok();
 }

@@ -98,6 +98,22 @@ float F32(const model::TensorView& t, int64_t i) { return t.F32At(i); }
 
 void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
            float* mix, bool round_bf16) {
+  HcMix(c, p, H, mix);
+  HcCollapse(c, mix, H, x, round_bf16);
+}
+
+void HcCollapse(const model::ModelConfig& c, const float* pre, const float* H, float* x,
+                bool round_bf16) {
+  const int hc = c.hc_mult;
+  const int64_t d = c.hidden;
+  for (int64_t i = 0; i < d; ++i) {
+    float acc = 0.0f;
+    for (int j = 0; j < hc; ++j) acc += pre[j] * H[j * d + i];
+    x[i] = round_bf16 ? RoundBf16(acc) : acc;
+  }
+}
+
+void HcMix(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* mix) {
   const int hc = c.hc_mult;
   const float eps = static_cast<float>(c.hc_eps);
   std::vector<float> m(c.HcRows());
@@ -138,12 +154,6 @@ void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H
     normalize_rows();
     normalize_columns();
   }
-  const int64_t d = c.hidden;
-  for (int64_t i = 0; i < d; ++i) {
-    float acc = 0.0f;
-    for (int j = 0; j < hc; ++j) acc += pre[j] * H[j * d + i];
-    x[i] = round_bf16 ? RoundBf16(acc) : acc;
-  }
 }
 
 void HcPost(const model::ModelConfig& c, const float* mix, const float* a, float* H,
@@ -161,6 +171,18 @@ void HcPost(const model::ModelConfig& c, const float* mix, const float* a, float
     }
   }
   std::copy(out.begin(), out.end(), H);
+}
+
+void Fp4E4m3RoundTripInPlace(float* x, int n, int block) {
+  constexpr float kFloor = 6.0f * 0x1p-9f;  // the smallest scale is e4m3's smallest subnormal
+  for (int b0 = 0; b0 < n; b0 += block) {
+    const int len = std::min(block, n - b0);
+    float amax = 0.0f;
+    for (int i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
+    const float s = RoundToE4M3(std::min(std::max(amax, kFloor) / 6.0f, 448.0f));
+    for (int i = 0; i < len; ++i)
+      x[b0 + i] = RoundToE2M1(std::clamp(x[b0 + i] / s, -6.0f, 6.0f)) * s;
+  }
 }
 
 float SiluOfBf16(uint16_t bits) {

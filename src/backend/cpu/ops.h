@@ -31,6 +31,11 @@ void ApplyRope(const RopeTable& rope, float* x, int64_t pos, bool inverse, bool 
 inline int HcMixFloats(const model::ModelConfig& c) { return 2 * c.hc_mult + c.hc_mult * c.hc_mult; }
 void HcPre(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* x,
            float* mix, bool round_bf16);
+// The mix alone (pre, post, comb), and the collapse x = sum_j pre[j] * H[j]: HcPre is the two,
+// bit for bit; V4.1's single-pass mHC collapses with a pre carried from the previous sublayer.
+void HcMix(const model::ModelConfig& c, const model::HcParams& p, const float* H, float* mix);
+void HcCollapse(const model::ModelConfig& c, const float* pre, const float* H, float* x,
+                bool round_bf16);
 // H[k] <- post_k * a + sum_j comb[j][k] * H[j]
 void HcPost(const model::ModelConfig& c, const float* mix, const float* a, float* H,
             bool round_bf16);
@@ -39,6 +44,11 @@ void HcHead(const model::ModelConfig& c, const model::HcParams& p, const float* 
             bool round_bf16);
 
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// V4.1's compressed KV round trip (spec §14.2; docs/NUMERICS.md, V4.1 assumption 3): per block
+// of `block`, s = e4m3(max(amax, 6 * 2^-9) / 6) (fp32 division, RNE; saturated at 448) and
+// x <- e2m1(clamp(x / s, +-6)) * s, exact in bf16.
+void Fp4E4m3RoundTripInPlace(float* x, int n, int block);
 
 // SwiGLU's gate activation, x / (1 + e^-x).
 inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }

@@ -12,6 +12,10 @@ int64_t WindowFirst(int64_t n, int window) { return std::max<int64_t>(0, n - win
 int64_t HistoryFirst(int64_t n, int ratio, bool overlap) {
   return std::max<int64_t>(0, model::CompressorHistoryFirst(n, ratio, overlap));
 }
+// The Engram token classes the next position's n-gram reads: positions [first, n).
+int64_t TokenHistoryFirst(int64_t n, const model::StateLayout& layout) {
+  return std::max<int64_t>(0, n - layout.token_history_needed);
+}
 
 }  // namespace
 
@@ -24,10 +28,11 @@ SequenceState::SequenceState(const model::StateLayout& layout,
   for (size_t l = 0; l < layers_.size(); ++l) {
     const model::LayerStateLayout& ll = layout.layers[l];
     layers_[l].ring.Init(ll.ring_slots, layout.kv_row.Bytes());
-    if (ll.compress_ratio > 0) layers_[l].history.Init(ll.history_slots, 2 * int64_t{ll.kv_width});
-    if (ll.index_ratio > 0)
+    if (ll.history_slots > 0) layers_[l].history.Init(ll.history_slots, 2 * int64_t{ll.kv_width});
+    if (ll.index_history_slots > 0)
       layers_[l].index_history.Init(ll.index_history_slots, 2 * int64_t{ll.index_width});
   }
+  if (layout.token_history_slots > 0) token_classes_.Init(layout.token_history_slots, 1);
 }
 
 void SequenceState::Reset() {
@@ -62,20 +67,21 @@ const uint8_t* SequenceState::PackedRow(int l, bool index, int64_t j) const {
   const int64_t per_page = index ? ll.keys_per_page : ll.rows_per_page;
   const int64_t page = j / per_page;
   DSINFER_CHECK_MSG(page < static_cast<int64_t>(pages_.size()), "compressed row past the pages");
-  const int64_t bytes = (index ? layout_->index_key : layout_->kv_row).Bytes();
+  const int64_t bytes = (index ? layout_->index_key : layout_->compressed_row).Bytes();
   return pages_[page]->data + (index ? ll.page_keys_offset : ll.page_rows_offset) +
          (j % per_page) * bytes;
 }
 
 void SequenceState::ReadRow(int l, bool index, int64_t j, float* row) const {
-  model::UnpackRow(index ? layout_->index_key : layout_->kv_row, PackedRow(l, index, j), row);
+  model::UnpackRow(index ? layout_->index_key : layout_->compressed_row, PackedRow(l, index, j),
+                   row);
 }
 
 Status SequenceState::WriteRow(int l, bool index, int64_t j, const float* row) {
   const model::LayerStateLayout& ll = layout_->layers[l];
   const int64_t per_page = index ? ll.keys_per_page : ll.rows_per_page;
   DSINFER_ASSIGN_OR_RETURN(uint8_t * page, WritablePage(j / per_page));
-  const model::RowFormat& f = index ? layout_->index_key : layout_->kv_row;
+  const model::RowFormat& f = index ? layout_->index_key : layout_->compressed_row;
   return model::PackRow(f, row,
                         page + (index ? ll.page_keys_offset : ll.page_rows_offset) +
                             (j % per_page) * f.Bytes());
@@ -137,14 +143,17 @@ void SequenceState::CopyBoundary(SequenceState& to) const {
     LayerState& b = to.layers_[l];
     for (int64_t p = WindowFirst(n, layout_->window); p < n; ++p)
       std::memcpy(b.ring.At(p), a.ring.At(p), static_cast<size_t>(a.ring.row));
-    if (ll.compress_ratio > 0)
+    if (ll.history_slots > 0)
       for (int64_t p = HistoryFirst(n, ll.compress_ratio, ll.overlap); p < n; ++p)
         std::memcpy(b.history.At(p), a.history.At(p), static_cast<size_t>(a.history.row) * 4);
-    if (ll.index_ratio > 0)
+    if (ll.index_history_slots > 0)
       for (int64_t p = HistoryFirst(n, ll.index_ratio, true); p < n; ++p)
         std::memcpy(b.index_history.At(p), a.index_history.At(p),
                     static_cast<size_t>(a.index_history.row) * 4);
   }
+  if (layout_->token_history_slots > 0)
+    for (int64_t p = TokenHistoryFirst(n_tokens_, *layout_); p < n_tokens_; ++p)
+      to.SetTokenClass(p, TokenClass(p));
 }
 
 std::unique_ptr<SequenceState> SequenceState::Copy() const {
@@ -174,13 +183,16 @@ std::unique_ptr<SequenceState> SequenceState::Snapshot() const {
     const int64_t n = ll.mtp ? mtp_n_tokens_ : n_tokens_;
     LayerState& b = s->layers_[l];
     b.ring.Init(std::max<int64_t>(1, n - WindowFirst(n, layout_->window)), b.ring.row);
-    if (ll.compress_ratio > 0)
+    if (ll.history_slots > 0)
       b.history.Init(
           std::max<int64_t>(1, n - HistoryFirst(n, ll.compress_ratio, ll.overlap)), b.history.row);
-    if (ll.index_ratio > 0)
+    if (ll.index_history_slots > 0)
       b.index_history.Init(std::max<int64_t>(1, n - HistoryFirst(n, ll.index_ratio, true)),
                            b.index_history.row);
   }
+  if (layout_->token_history_slots > 0)
+    s->token_classes_.Init(std::max<int64_t>(1, n_tokens_ - TokenHistoryFirst(n_tokens_, *layout_)),
+                           1);
   CopyBoundary(*s);
   return s;
 }
@@ -188,7 +200,7 @@ std::unique_ptr<SequenceState> SequenceState::Snapshot() const {
 int64_t SequenceState::BoundaryBytes() const {
   int64_t b = static_cast<int64_t>(sizeof(*this) + pages_.capacity() * sizeof(PageRef));
   for (const LayerState& l : layers_) b += l.ring.Bytes() + l.history.Bytes() + l.index_history.Bytes();
-  return b;
+  return b + token_classes_.Bytes();
 }
 
 // ---- Export / Import -------------------------------------------------------------------------
@@ -201,11 +213,12 @@ int64_t BoundaryBlobBytes(const model::StateLayout& layout, int64_t n, int64_t m
   for (const model::LayerStateLayout& ll : layout.layers) {
     const int64_t len = ll.mtp ? mtp_n : n;
     b += (len - WindowFirst(len, layout.window)) * layout.kv_row.Bytes();
-    if (ll.compress_ratio > 0)
+    if (ll.history_slots > 0)
       b += (len - HistoryFirst(len, ll.compress_ratio, ll.overlap)) * 2 * ll.kv_width * 4;
-    if (ll.index_ratio > 0)
+    if (ll.index_history_slots > 0)
       b += (len - HistoryFirst(len, ll.index_ratio, true)) * 2 * ll.index_width * 4;
   }
+  if (layout.token_history_slots > 0) b += (n - TokenHistoryFirst(n, layout)) * 4;
   return b;
 }
 
@@ -217,9 +230,9 @@ void ForEachBoundaryRow(const model::StateLayout& layout, int64_t n, int64_t mtp
     const model::LayerStateLayout& ll = layout.layers[l];
     const int64_t len = ll.mtp ? mtp_n : n;
     for (int64_t p = WindowFirst(len, layout.window); p < len; ++p) fn(l, 0, p);
-    if (ll.compress_ratio > 0)
+    if (ll.history_slots > 0)
       for (int64_t p = HistoryFirst(len, ll.compress_ratio, ll.overlap); p < len; ++p) fn(l, 1, p);
-    if (ll.index_ratio > 0)
+    if (ll.index_history_slots > 0)
       for (int64_t p = HistoryFirst(len, ll.index_ratio, true); p < len; ++p) fn(l, 2, p);
   }
 }
@@ -250,7 +263,7 @@ Result<std::vector<uint8_t>> SequenceState::Export(std::span<const int32_t> toke
         const int ratio = index ? ll.index_ratio : ll.compress_ratio;
         if (ratio == 0) continue;
         const int64_t per_page = index ? ll.keys_per_page : ll.rows_per_page;
-        const int64_t bytes = (index ? L.index_key : L.kv_row).Bytes();
+        const int64_t bytes = (index ? L.index_key : L.compressed_row).Bytes();
         const int64_t have = n_tokens_ / ratio;
         for (int64_t j = m * per_page; j < std::min(have, (m + 1) * per_page); ++j)
           std::memcpy(payload.data() + at + (index ? ll.page_keys_offset : ll.page_rows_offset) +
@@ -269,10 +282,17 @@ Result<std::vector<uint8_t>> SequenceState::Export(std::span<const int32_t> toke
         part == 0 ? ls.ring.row : (part == 1 ? ls.history.row : ls.index_history.row) * 4;
     payload.insert(payload.end(), src, src + bytes);
   });
+  if (L.token_history_slots > 0)
+    for (int64_t p = TokenHistoryFirst(n_tokens_, L); p < n_tokens_; ++p) {
+      const int32_t cls = TokenClass(p);
+      const auto* b = reinterpret_cast<const uint8_t*>(&cls);
+      payload.insert(payload.end(), b, b + 4);
+    }
   model::StateBlobHeader h;
   h.model = model;
   h.numerics = numerics;
   h.kv_row = L.kv_row;
+  h.compressed_row = L.compressed_row;
   h.index_key = L.index_key;
   h.page_tokens = L.page_tokens;
   h.window = L.window;
@@ -296,9 +316,10 @@ Result<std::unique_ptr<SequenceState>> SequenceState::Import(
   if (h.model != model) return refuse("it was written by another model (fingerprint differs)");
   if (h.numerics != numerics)
     return refuse("it holds " + h.numerics + " numerics, this model runs " + numerics);
-  if (h.kv_row != layout.kv_row || h.index_key != layout.index_key)
-    return refuse("its row formats (" + h.kv_row.Describe() + ", " + h.index_key.Describe() +
-                  ") are not this layout's");
+  if (h.kv_row != layout.kv_row || h.compressed_row != layout.compressed_row ||
+      h.index_key != layout.index_key)
+    return refuse("its row formats (" + h.kv_row.Describe() + ", " + h.compressed_row.Describe() +
+                  ", " + h.index_key.Describe() + ") are not this layout's");
   if (h.page_tokens != layout.page_tokens)
     return refuse("page size " + std::to_string(h.page_tokens) + ", this layout uses " +
                   std::to_string(layout.page_tokens));
@@ -340,6 +361,14 @@ Result<std::unique_ptr<SequenceState>> SequenceState::Import(
     std::memcpy(dst, at, static_cast<size_t>(bytes));
     at += bytes;
   });
+  if (layout.token_history_slots > 0)
+    for (int64_t p = TokenHistoryFirst(h.end_pos, layout); p < h.end_pos; ++p, at += 4) {
+      int32_t cls;
+      std::memcpy(&cls, at, 4);
+      if (cls < 0 || cls >= layout.token_classes)
+        return refuse("an Engram token class (" + std::to_string(cls) + ") is out of range");
+      s->SetTokenClass(p, cls);
+    }
   return s;
 }
 

@@ -1,6 +1,7 @@
 // One sequence's decode state on the CPU, in the layout of model/state_layout.h: pages of
 // compressed KV rows and indexer keys shared copy-on-write, and per layer the boundary part (the
-// window ring of packed KV rows and the compressors' per-token projection history). Rows are
+// window ring of packed KV rows and the compressors' per-token projection history), plus V4.1
+// Engram's token classes of the last n-gram positions. Rows are
 // packed on write and unpacked on read, bit for bit.
 //
 // Operations beyond the forward pass: Truncate (roll back to n tokens: nothing to undo, since
@@ -60,6 +61,10 @@ class SequenceState final : public RunnerState {
   // Window row of `pos` of layer l into row [head_dim] (pos must be inside the ring).
   void ReadWindow(int l, int64_t pos, float* row) const;
   Status WriteWindow(int l, int64_t pos, const float* row);
+  // V4.1 Engram: the token class of `pos` (inside the kept history: the n-gram's previous
+  // positions and the rollback).
+  int32_t TokenClass(int64_t pos) const { return *token_classes_.At(pos); }
+  void SetTokenClass(int64_t pos, int32_t cls) { *token_classes_.At(pos) = cls; }
   // Projection history row of `pos` ([2, width]: a, g + ape).
   float* History(int l, bool index, int64_t pos);
   const float* History(int l, bool index, int64_t pos) const;
@@ -120,6 +125,7 @@ class SequenceState final : public RunnerState {
   int rollback_tokens_ = 0;    // how far back from n the boundary reaches
   std::vector<PageRef> pages_;
   std::vector<LayerState> layers_;  // backbone, then MTP
+  PositionRing<int32_t> token_classes_;  // V4.1 Engram: [token_history_slots, 1]
 };
 
 }  // namespace dsinfer::backend::cpu

@@ -115,9 +115,17 @@ Status CudaModel::StoreCompressed(int layer, Compressor which, const CompressedR
   return Status::Ok();
 }
 
-Result<Selection> CudaModel::IndexerSelect(int layer, const float* qi, const float* wts) {
+Result<Selection> CudaModel::IndexerSelect(const IndexerQuery& query) {
+  // The GPU runs V4 only (CudaModel::Create refuses V4.1): keys of the querying layer itself,
+  // no candidate pre-filter.
+  if (query.key_layer != query.layer || query.candidate_blocks != nullptr ||
+      query.candidate_blocks_out != nullptr)
+    return Unimplemented("CUDA: the V4.1 indexer roles are not implemented on the GPU");
+  const int layer = query.layer;
+  const float* qi = query.qi;
+  const float* wts = query.wts;
   const model::ModelConfig& c = config();
-  const int ratio = program_.plans()[layer].index_ratio;
+  const int ratio = query.ratio;
   const int ih = c.index_n_heads, ihd = c.index_head_dim;
   Selection selected(static_cast<size_t>(step_rows_));
   for (size_t si = 0; si < segments_.size(); ++si) {

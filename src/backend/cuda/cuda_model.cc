@@ -152,11 +152,30 @@ Result<std::unique_ptr<CudaModel::DeviceLayer>> CudaModel::UploadLayer(
   return d;
 }
 
+namespace {
+// DeepSeek-V4.1's ops are not on the GPU yet; Create refuses V4.1 checkpoints before they could
+// be reached, so these errors only guard the interface.
+Status V41OnGpu(const char* op) {
+  return Unimplemented(std::string("CUDA: ") + op +
+                       " (DeepSeek-V4.1) is not implemented on the GPU");
+}
+}  // namespace
+
+Status CudaModel::Supports(const model::ModelConfig& c) {
+  if (c.V41())
+    return Unimplemented(
+        "the CUDA backend does not run DeepSeek-V4.1 checkpoints yet (CSA2 roles, single-pass "
+        "mHC, Engram and the V4.1 KV formats are implemented on the CPU backend only): use "
+        "--device cpu");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<CudaModel>> CudaModel::Create(CudaDevice& dev,
                                                      const model::ModelWeights& weights,
                                                      Numerics numerics, Fp8GemmPath fp8_gemm,
                                                      ExpertGemmPath experts) {
   const model::ModelConfig& c = weights.config();
+  DSINFER_RETURN_IF_ERROR(Supports(c));
   if (c.hc_mult < 1 || c.hc_mult > 8) return InvalidArgument("CudaModel: hc_mult must be 1..8");
   if (c.index_head_dim > 4096 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)
     return InvalidArgument("CudaModel: index_head_dim must be a power of two <= 4096");
@@ -612,6 +631,8 @@ Status CudaModel::RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t 
       case Norm::kFinal:
         w = d.norm.as<float>();
         break;
+      case Norm::kIndexKey:  // V4.1 (refused at Create)
+        break;
     }
   }
   if (w == nullptr) return Internal("RmsNorm: layer " + std::to_string(layer) + " has no such norm");
@@ -666,6 +687,9 @@ Status CudaModel::Linear(int layer, Weight weight, LinearMode mode, const float*
       case Weight::kHProj:
         w = &d.h_proj;
         break;
+      case Weight::kIndexWk:  // V4.1 (refused at Create)
+      case Weight::kEngramWkv:
+        return V41OnGpu("this linear");
       case Weight::kHead:
         break;
     }
@@ -755,5 +779,20 @@ Status CudaModel::Download(const float* src, int64_t n, float* host) {
 Status CudaModel::Upload(const float* host, int64_t n, float* dst) {
   return dev_.CopyToDevice(dst, host, static_cast<size_t>(n) * 4);
 }
+
+// ---- DeepSeek-V4.1 ops: refused (Create refuses V4.1 checkpoints first) ------------------------
+
+Status CudaModel::HcPreCarried(int, HcSite, const float*, const float*, int64_t, float*, float*) {
+  return V41OnGpu("single-pass mHC");
+}
+Status CudaModel::HcCollapse(const float*, int64_t, const float*, int64_t, float*) {
+  return V41OnGpu("single-pass mHC");
+}
+Status CudaModel::Fp4E4m3RoundTrip(float*, int64_t, int64_t, int64_t, int) {
+  return V41OnGpu("the FP4 / e4m3 KV round trip");
+}
+Status CudaModel::EngramBegin() { return V41OnGpu("Engram"); }
+Status CudaModel::EngramGather(int, float*) { return V41OnGpu("Engram"); }
+Status CudaModel::EngramGate(int, const float*, float*) { return V41OnGpu("Engram"); }
 
 }  // namespace dsinfer::backend::cuda

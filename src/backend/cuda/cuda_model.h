@@ -97,6 +97,9 @@ enum class ExpertGemmPath : uint8_t {
 
 class CudaModel final : private V4Ops {
  public:
+  // Whether the GPU forward runs this model family: DeepSeek-V4 only. Callers check it before
+  // opening a device, so a V4.1 checkpoint gets this error on any machine, GPU or not.
+  static Status Supports(const model::ModelConfig& config);
   // Uploads every weight (backbone and MTP) to `dev`, which must outlive the model.
   static Result<std::unique_ptr<CudaModel>> Create(CudaDevice& dev,
                                                    const model::ModelWeights& weights,
@@ -188,7 +191,17 @@ class CudaModel final : private V4Ops {
                                         const float* g, float* rows_out) override;
   Status StoreCompressed(int layer, Compressor which, const CompressedRows& rows,
                          const float* data) override;
-  Result<Selection> IndexerSelect(int layer, const float* qi, const float* wts) override;
+  Result<Selection> IndexerSelect(const IndexerQuery& query) override;
+  // DeepSeek-V4.1's ops (single-pass mHC, its KV formats, Engram): not on the GPU yet; Create
+  // refuses V4.1 checkpoints before any of these could be reached.
+  Status HcPreCarried(int layer, HcSite site, const float* H, const float* carry,
+                      int64_t carry_stride, float* x, float* mix) override;
+  Status HcCollapse(const float* H, int64_t rows, const float* pre, int64_t pre_stride,
+                    float* y) override;
+  Status Fp4E4m3RoundTrip(float* x, int64_t rows, int64_t n, int64_t stride, int block) override;
+  Status EngramBegin() override;
+  Status EngramGather(int layer, float* rows) override;
+  Status EngramGate(int layer, const float* kv, float* H) override;
   Status SparseAttention(int layer, int kv_layer, int ratio, const float* q, const float* kv,
                          const Selection* selected, float* o) override;
   Status StoreWindow(int layer, const float* kv) override;

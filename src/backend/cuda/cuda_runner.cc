@@ -70,6 +70,7 @@ class CudaRunner final : public ModelRunner {
 
 Result<std::unique_ptr<ModelRunner>> MakeCudaRunner(int ordinal, const model::ModelWeights& weights,
                                                     Numerics numerics) {
+  DSINFER_RETURN_IF_ERROR(CudaModel::Supports(weights.config()));
   DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> dev, CudaDevice::Open(ordinal));
   DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
                            CudaModel::Create(*dev, weights, numerics));
