@@ -129,8 +129,12 @@ void WriteBytes(const fs::path& p, const std::vector<uint8_t>& bytes) {
 
 int64_t DirBytes(const fs::path& dir) {
   int64_t total = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) total += static_cast<int64_t>(e.file_size());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    // The store's writer renames and deletes files meanwhile: one that vanished counts nothing.
+    std::error_code ec;
+    const auto bytes = fs::file_size(e.path(), ec);
+    if (!ec && fs::is_regular_file(e.path(), ec)) total += static_cast<int64_t>(bytes);
+  }
   return total;
 }
 
