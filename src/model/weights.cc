@@ -48,6 +48,28 @@ void WalkCompressor(TensorWalker& w, const std::string& p, int ratio, int d, boo
   w.Plain(p + "norm.weight", {DType::kBF16}, {d}, cw ? &cw->norm : nullptr);
 }
 
+// What every V4-family block has, V4 and V4.1 alike: the mHC mixers, the two norms and the
+// attention's query, latent KV, output projections and sink (prefix p = "layers.N." / "mtp.N.").
+void WalkBlockCommon(TensorWalker& w, const std::string& p, const ModelConfig& c,
+                     LayerWeights* lw) {
+  const int64_t d = c.hidden, hd = c.head_dim, h = c.n_heads;
+  WalkHc(w, p, "attn", c, lw ? &lw->hc_attn : nullptr);
+  WalkHc(w, p, "ffn", c, lw ? &lw->hc_ffn : nullptr);
+  w.Plain(p + "attn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->attn_norm : nullptr);
+  w.Plain(p + "ffn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->ffn_norm : nullptr);
+  const std::string a = p + "attn.";
+  w.Plain(a + "attn_sink", {DType::kF32}, {h}, lw ? &lw->attn_sink : nullptr);  // [h]
+  w.Matrix(a + "wq_a", WeightFormat::kFp8Block, c.q_lora_rank, d, lw ? &lw->wq_a : nullptr);
+  w.Plain(a + "q_norm.weight", {DType::kBF16}, {c.q_lora_rank}, lw ? &lw->q_norm : nullptr);
+  w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
+  w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
+  w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
+  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank,
+           h * hd / c.o_groups, lw ? &lw->wo_a : nullptr);
+  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank,
+           lw ? &lw->wo_b : nullptr);
+}
+
 void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) {
   bool mtp = li >= c.n_layers;
   std::string p =
@@ -61,22 +83,8 @@ void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) 
     w.Plain(p + "enorm.weight", {DType::kBF16}, {d}, lw ? &lw->enorm : nullptr);
     w.Plain(p + "hnorm.weight", {DType::kBF16}, {d}, lw ? &lw->hnorm : nullptr);
   }
-  WalkHc(w, p, "attn", c, lw ? &lw->hc_attn : nullptr);
-  WalkHc(w, p, "ffn", c, lw ? &lw->hc_ffn : nullptr);
-  w.Plain(p + "attn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->attn_norm : nullptr);
-  w.Plain(p + "ffn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->ffn_norm : nullptr);
-  std::string a = p + "attn.";
-  int64_t hd = c.head_dim, h = c.n_heads;
-  w.Plain(a + "attn_sink", {DType::kF32}, {h}, lw ? &lw->attn_sink : nullptr);
-  w.Matrix(a + "wq_a", WeightFormat::kFp8Block, c.q_lora_rank, d, lw ? &lw->wq_a : nullptr);
-  w.Plain(a + "q_norm.weight", {DType::kBF16}, {c.q_lora_rank}, lw ? &lw->q_norm : nullptr);
-  w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
-  w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
-  w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
-  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank,
-           h * hd / c.o_groups, lw ? &lw->wo_a : nullptr);
-  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank,
-           lw ? &lw->wo_b : nullptr);
+  WalkBlockCommon(w, p, c, lw);
+  const std::string a = p + "attn.";
   if (ratio > 0) {
     WalkCompressor(w, a + "compressor.", ratio, c.head_dim, ratio == 4, c,
                    lw ? &lw->compressor : nullptr);
@@ -130,7 +138,7 @@ void WalkLayerV41(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* l
   const std::string p =
       stage ? "mtp." + std::to_string(s) + "." : "layers." + std::to_string(li) + ".";
   const int ratio = c.CompressRatio(li);
-  const int64_t d = c.hidden, hd = c.head_dim, h = c.n_heads;
+  const int64_t d = c.hidden, hd = c.head_dim;
   if (lw) lw->layer_id = li, lw->compress_ratio = ratio;
   if (stage && s == 0) {
     w.Matrix(p + "main_proj", WeightFormat::kFp8Block, d,
@@ -138,21 +146,8 @@ void WalkLayerV41(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* l
              lw ? &lw->dspark.main_proj : nullptr);
     w.Plain(p + "main_norm.weight", {DType::kBF16}, {d}, lw ? &lw->dspark.main_norm : nullptr);
   }
-  WalkHc(w, p, "attn", c, lw ? &lw->hc_attn : nullptr);
-  WalkHc(w, p, "ffn", c, lw ? &lw->hc_ffn : nullptr);
-  w.Plain(p + "attn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->attn_norm : nullptr);
-  w.Plain(p + "ffn_norm.weight", {DType::kBF16}, {d}, lw ? &lw->ffn_norm : nullptr);
+  WalkBlockCommon(w, p, c, lw);
   const std::string a = p + "attn.";
-  w.Plain(a + "attn_sink", {DType::kF32}, {h}, lw ? &lw->attn_sink : nullptr);
-  w.Matrix(a + "wq_a", WeightFormat::kFp8Block, c.q_lora_rank, d, lw ? &lw->wq_a : nullptr);
-  w.Plain(a + "q_norm.weight", {DType::kBF16}, {c.q_lora_rank}, lw ? &lw->q_norm : nullptr);
-  w.Matrix(a + "wq_b", WeightFormat::kFp8Block, h * hd, c.q_lora_rank, lw ? &lw->wq_b : nullptr);
-  w.Matrix(a + "wkv", WeightFormat::kFp8Block, hd, d, lw ? &lw->wkv : nullptr);
-  w.Plain(a + "kv_norm.weight", {DType::kBF16}, {hd}, lw ? &lw->kv_norm : nullptr);
-  w.Matrix(a + "wo_a", WeightFormat::kFp8Block, int64_t{c.o_groups} * c.o_lora_rank,
-           h * hd / c.o_groups, lw ? &lw->wo_a : nullptr);
-  w.Matrix(a + "wo_b", WeightFormat::kFp8Block, d, int64_t{c.o_groups} * c.o_lora_rank,
-           lw ? &lw->wo_b : nullptr);
   const bool kv_source = !stage && c.IsKvSource(li);
   const bool index_source = !stage && c.IsIndexSource(li);
   if (kv_source) {
