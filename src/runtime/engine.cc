@@ -126,6 +126,8 @@ Result<int64_t> Engine::Impl::Start(SeqId id, int64_t max_reuse) {
   Sequence& s = *seqs.at(id);
   const PrefixCache::Entry* hit =
       options.enable_prefix_cache ? prefix_cache.Lookup(s.tokens, max_reuse) : nullptr;
+  s.drafts.clear();  // proposed for a state that is gone (preemption)
+  s.draft_dists.clear();
   if (kv_store != nullptr) {
     const int64_t hot = hit != nullptr ? static_cast<int64_t>(hit->tokens.size()) : 0;
     if (auto restored = RestoreFromStore(s, hot, max_reuse)) {
@@ -137,8 +139,6 @@ Result<int64_t> Engine::Impl::Start(SeqId id, int64_t max_reuse) {
     }
   }
   DSINFER_ASSIGN_OR_RETURN(s.state, hit != nullptr ? model->Copy(*hit->state) : model->NewState());
-  s.drafts.clear();  // proposed for a state that is gone (preemption)
-  s.draft_dists.clear();
   const int64_t start = hit != nullptr ? static_cast<int64_t>(hit->tokens.size()) : 0;
   NoteStart(s, start);
   return start;
