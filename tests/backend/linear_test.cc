@@ -121,7 +121,9 @@ TEST(Linear, Fp8Block32MatchesFp64AndIsBatchInvariant) {
                                      .name = "test.block32",
                                      .fp8_block = 32});
         ASSERT_EQ(w.view.Scale(31, 31), E8M0ToF32(w.scales[0]));
-        ASSERT_EQ(w.view.Scale(32, 33), E8M0ToF32(w.scales[w.view.scale_cols + 1]));
+        if (rows > 32) {  // the second block row exists
+          ASSERT_EQ(w.view.Scale(32, 33), E8M0ToF32(w.scales[w.view.scale_cols + 1]));
+        }
         auto x = MakeTokens(m, cols, quantized, seed++);
         std::vector<float> y(m * rows), alone(rows);
         MatMul(w.view, x.data(), m, y.data(), pool);
