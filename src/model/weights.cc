@@ -70,6 +70,19 @@ void WalkBlockCommon(TensorWalker& w, const std::string& p, const ModelConfig& c
            lw ? &lw->wo_b : nullptr);
 }
 
+// The shared expert of a MoE block, V4 and V4.1 alike (prefix f = "layers.N.ffn.").
+void WalkSharedExperts(TensorWalker& w, const std::string& f, const ModelConfig& c,
+                       LayerWeights* lw) {
+  if (c.n_shared_experts <= 0) return;
+  const int64_t d = c.hidden;
+  w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d,
+           lw ? &lw->shared.w1 : nullptr);
+  w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter,
+           lw ? &lw->shared.w2 : nullptr);
+  w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d,
+           lw ? &lw->shared.w3 : nullptr);
+}
+
 void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) {
   bool mtp = li >= c.n_layers;
   std::string p =
@@ -103,14 +116,7 @@ void WalkLayer(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* lw) 
     WalkHc(w, p, "head", c, lw ? &lw->hc_head : nullptr);
   }
   std::string f = p + "ffn.";
-  if (c.n_shared_experts > 0) {
-    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d,
-             lw ? &lw->shared.w1 : nullptr);
-    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter,
-             lw ? &lw->shared.w2 : nullptr);
-    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d,
-             lw ? &lw->shared.w3 : nullptr);
-  }
+  WalkSharedExperts(w, f, c, lw);
   if (lw) lw->experts.resize(c.n_routed_experts);
   WeightFormat ef = c.experts_fp4 ? WeightFormat::kFp4Packed : WeightFormat::kFp8Block;
   for (int e = 0; e < c.n_routed_experts; ++e) {
@@ -197,14 +203,7 @@ void WalkLayerV41(TensorWalker& w, const ModelConfig& c, int li, LayerWeights* l
   }
   const std::string f = p + "ffn.";
   const int E = c.RoutedExperts(li);
-  if (c.n_shared_experts > 0) {
-    w.Matrix(f + "shared_experts.w1", WeightFormat::kFp8Block, c.moe_inter, d,
-             lw ? &lw->shared.w1 : nullptr);
-    w.Matrix(f + "shared_experts.w2", WeightFormat::kFp8Block, d, c.moe_inter,
-             lw ? &lw->shared.w2 : nullptr);
-    w.Matrix(f + "shared_experts.w3", WeightFormat::kFp8Block, c.moe_inter, d,
-             lw ? &lw->shared.w3 : nullptr);
-  }
+  WalkSharedExperts(w, f, c, lw);
   if (lw) lw->experts.resize(E);
   for (int e = 0; e < E; ++e) {
     const std::string ep = f + "experts." + std::to_string(e) + ".";
