@@ -16,13 +16,23 @@ venv="$build/server-venv"
 source "$root/tests/lib/pinned_venv.sh"
 pinned_venv "$venv" "$here/requirements.txt" pytest
 
-model="$build/server-test-model"
+# DSINFER_SERVER_PRESET picks the demo checkpoint the suites run against (demo: V4-Flash's shape;
+# demo-v4.1: V4.1-Flash's, with Engram and its own chat encoding); the suites are the same.
+preset="${DSINFER_SERVER_PRESET:-demo}"
+suffix=""
+[[ "$preset" == demo ]] || suffix="-$preset"
+model="$build/server-test-model$suffix"
+tokenizer_args=()
+if [[ "$preset" == *v4.1* ]]; then  # Engram's token map is built from V4.1's own tokenizer
+  tokenizer_args=(--tokenizer "$root/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json"
+    --tokenizer-overlay "$root/tests/fixtures/v41/tokenizer_overlay.json")
+fi
 if [[ ! -f "$model/config.json" ]]; then
-  "$dsinfer" create-demo-model "$model" --preset demo --seed 1
+  "$dsinfer" create-demo-model "$model" --preset "$preset" --seed 1 "${tokenizer_args[@]}"
 fi
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 key="sk-test-$RANDOM$RANDOM"
-log="$build/server-test.log"
+log="$build/server-test$suffix.log"
 "$dsinfer" serve --model "$model" --host 127.0.0.1 --port "$port" --api-key "$key" \
   --served-model-name dsinfer-test --max-model-len 4096 --max-tokens-limit 1024 --threads 2 \
   --max-connections 64 --shutdown-timeout 5 >"$log" 2>&1 &
@@ -38,13 +48,16 @@ done
 curl -sf "http://127.0.0.1:$port/ready" >/dev/null || { echo "server never became ready"; cat "$log"; exit 1; }
 
 status=0
+expect_version=v4
+[[ "$preset" == *v4.1* ]] && expect_version=v4.1
 DSINFER_URL="http://127.0.0.1:$port" DSINFER_KEY="$key" DSINFER_MODEL=dsinfer-test \
+  DSINFER_EXPECT_VERSION="$expect_version" \
   DSINFER_BIN="$dsinfer" DSINFER_MODEL_DIR="$model" \
   "$venv/bin/pytest" -q -p no:cacheprovider "$here" "$@" || status=$?
 
 # Graceful shutdown: SIGTERM while a request streams; the stream must end properly (finished or
 # aborted, then [DONE]) and the process must exit 0 by the deadline.
-stream_out="$build/server-test-stream.txt"
+stream_out="$build/server-test-stream$suffix.txt"
 curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer $key" \
   -H "Content-Type: application/json" \
   -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":1000,"ignore_eos":true,"stream":true}' \

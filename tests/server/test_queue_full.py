@@ -9,6 +9,8 @@ import threading
 import time
 import urllib.request
 
+import json
+
 import anthropic
 import openai
 import pytest
@@ -45,6 +47,13 @@ def small_server():
         proc.wait(timeout=30)
 
 
+def served_model(url):
+    """The name the server answers to: the checkpoint's default (deepseek-v4-flash or
+    deepseek-v4.1-flash), so the test runs against either demo preset."""
+    request = urllib.request.Request(url + "/v1/models", headers={"Authorization": "Bearer " + KEY})
+    return json.loads(urllib.request.urlopen(request, timeout=10).read())["data"][0]["id"]
+
+
 def gauge(url, name):
     request = urllib.request.Request(url + "/metrics", headers={"Authorization": "Bearer " + KEY})
     for line in urllib.request.urlopen(request, timeout=10).read().decode().splitlines():
@@ -57,8 +66,9 @@ def test_full_queue_gives_429_with_retry_after(small_server):
     oai = openai.OpenAI(base_url=small_server + "/v1", api_key=KEY, max_retries=0, timeout=120)
     claude = anthropic.Anthropic(base_url=small_server, api_key=KEY, max_retries=0, timeout=120)
     messages = [{"role": "user", "content": "hi"}]
+    model = served_model(small_server)
     # 1) occupies the only running slot until we close it.
-    running = oai.chat.completions.create(model="deepseek-v4-flash", messages=messages, max_tokens=1000, stream=True,
+    running = oai.chat.completions.create(model=model, messages=messages, max_tokens=1000, stream=True,
                                           extra_body={"ignore_eos": True})
     next(iter(running))
     # The first chunk (the role) may come before the engine schedules the request.
@@ -71,7 +81,7 @@ def test_full_queue_gives_429_with_retry_after(small_server):
 
     def queued():
         try:
-            queued_result["reply"] = oai.completions.create(model="deepseek-v4-flash", prompt="x", max_tokens=2)
+            queued_result["reply"] = oai.completions.create(model=model, prompt="x", max_tokens=2)
         except Exception as exc:  # surfaced by the assertion below
             queued_result["error"] = exc
 
@@ -86,7 +96,7 @@ def test_full_queue_gives_429_with_retry_after(small_server):
     refused = None
     try:
         # 3) no room: must be refused, not queued.
-        oai.chat.completions.create(model="deepseek-v4-flash", messages=messages, max_tokens=2)
+        oai.chat.completions.create(model=model, messages=messages, max_tokens=2)
     except openai.RateLimitError as exc:
         refused = exc
     assert refused is not None, "the third request was never refused"
@@ -100,5 +110,5 @@ def test_full_queue_gives_429_with_retry_after(small_server):
     waiter.join(timeout=120)
     assert "error" not in queued_result, queued_result.get("error")
     assert queued_result["reply"].choices[0].text is not None
-    again = oai.chat.completions.create(model="deepseek-v4-flash", messages=messages, max_tokens=2)
+    again = oai.chat.completions.create(model=model, messages=messages, max_tokens=2)
     assert again.choices[0].finish_reason in ("stop", "length")
