@@ -81,6 +81,15 @@ class CpuRunner final : public ModelRunner {
                     std::vector<float>* last_hidden) override {
     return model_->ForwardMtpLast(Cpu(state), hidden, next, logits, last_hidden);
   }
+  Status ForwardMtpBatch(std::span<const MtpRun> runs) override {
+    std::vector<cpu::MtpChunk> chunks(runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].state == nullptr) return InvalidArgument("ForwardMtpBatch: a run has no state");
+      chunks[i] = {&Cpu(*runs[i].state), runs[i].hidden, runs[i].next, runs[i].logits,
+                   runs[i].last_hidden};
+    }
+    return model_->ForwardMtpBatch(chunks);
+  }
   Status TruncateMtp(RunnerState& state, int64_t n) override {
     return model_->TruncateMtp(Cpu(state), n);
   }

@@ -29,6 +29,15 @@ struct RunnerChunk {
   ForwardOutput* out = nullptr;
 };
 
+// One sequence's slice of a batched MTP call (ModelRunner::ForwardMtpBatch).
+struct MtpRun {
+  RunnerState* state = nullptr;
+  std::span<const float> hidden;              // [n, hc, hidden] f32 streams at the MTP positions
+  std::span<const int32_t> next;              // [n] the tokens one position later
+  std::vector<float>* logits = nullptr;       // out: [vocab] f32 of the last row (null: no head)
+  std::vector<float>* last_hidden = nullptr;  // out: [hc, hidden] f32 of the last row, or null
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -108,6 +117,14 @@ class ModelRunner {
                             std::vector<float>* last_hidden) {
     (void)state, (void)hidden, (void)next, (void)logits, (void)last_hidden;
     return Unimplemented("ForwardMtp: " + device() + " runner");
+  }
+  // ForwardMtp for several sequences at once (speculative drafting across a batch: one pass
+  // over the MTP block's weights instead of one per sequence), with the results each would get
+  // alone. The default runs them one by one.
+  virtual Status ForwardMtpBatch(std::span<const MtpRun> runs) {
+    for (const MtpRun& r : runs)
+      DSINFER_RETURN_IF_ERROR(ForwardMtp(*r.state, r.hidden, r.next, r.logits, r.last_hidden));
+    return Status::Ok();
   }
   // The MTP stream back to n positions (the backbone is untouched).
   virtual Status TruncateMtp(RunnerState& state, int64_t n) {

@@ -87,12 +87,30 @@ Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
                       std::span<const int32_t> next, std::span<const float> hidden,
                       std::vector<float>* logits, bool last_row_logits,
                       std::vector<float>* last_hidden) const {
+  const int64_t n = static_cast<int64_t>(next.size());
+  std::vector<int64_t> logit_rows, stream_rows;
+  if (logits != nullptr) {
+    for (int64_t t = last_row_logits ? n - 1 : 0; t < n; ++t) logit_rows.push_back(t);
+  }
+  if (last_hidden != nullptr) stream_rows.push_back(n - 1);
+  std::vector<float> unused;
+  return MtpRows(ops, mtp_index, std::span<const Segment>(&segment, 1), next, hidden, logit_rows,
+                 logits != nullptr ? logits : &unused, stream_rows,
+                 last_hidden != nullptr ? last_hidden : &unused);
+}
+
+Status V4Forward::MtpRows(V4Ops& ops, int mtp_index, std::span<const Segment> segments,
+                          std::span<const int32_t> next, std::span<const float> hidden,
+                          std::span<const int64_t> logit_rows, std::vector<float>* logits,
+                          std::span<const int64_t> stream_rows,
+                          std::vector<float>* streams) const {
   const model::ModelConfig& c = config_;
   const LayerPlan& plan = plans_[c.n_layers + mtp_index];
   const int L = plan.layer;
   const int64_t n = static_cast<int64_t>(next.size());
   const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D;
-  DSINFER_RETURN_IF_ERROR(ops.BeginStep(std::span<const Segment>(&segment, 1), next));
+  const int n_segments = static_cast<int>(segments.size());
+  DSINFER_RETURN_IF_ERROR(ops.BeginStep(segments, next));
   // X = e_proj(enorm(embed(next))) + h_proj(hnorm(H)), broadcast over the streams (spec §8).
   DSINFER_ASSIGN_OR_RETURN(float* e, ops.Get(Buf::kMtpE, n * D));  // [n, D]
   DSINFER_RETURN_IF_ERROR(ops.Embed(1, e));
@@ -107,14 +125,19 @@ Status V4Forward::Mtp(V4Ops& ops, int mtp_index, const Segment& segment,
       ops.Linear(L, Weight::kHProj, LinearMode::kQuantized, hn, n * c.hc_mult, X));
   DSINFER_RETURN_IF_ERROR(ops.AddToStreams(ep, X));
   StepContext ctx;
-  DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, 1, X, ctx));
-  float* last = X + (n - 1) * HD;  // [hc, D] the last row's streams
-  if (last_hidden != nullptr) {
-    last_hidden->resize(static_cast<size_t>(HD));
-    DSINFER_RETURN_IF_ERROR(ops.Download(last, HD, last_hidden->data()));
+  DSINFER_RETURN_IF_ERROR(Block(ops, plan, n, n_segments, X, ctx));
+  const auto n_streams = static_cast<int64_t>(stream_rows.size());
+  if (n_streams > 0) {
+    DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_streams * HD));  // [k, hc, D]
+    DSINFER_RETURN_IF_ERROR(ops.GatherRows(X, stream_rows, HD, rows));
+    streams->resize(static_cast<size_t>(n_streams * HD));
+    DSINFER_RETURN_IF_ERROR(ops.Download(rows, n_streams * HD, streams->data()));
   }
-  if (logits == nullptr) return Status::Ok();
-  return last_row_logits ? Head(ops, L, last, 1, logits) : Head(ops, L, X, n, logits);
+  const auto n_logits = static_cast<int64_t>(logit_rows.size());
+  if (n_logits == 0) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_logits * HD));  // [k, hc, D]
+  DSINFER_RETURN_IF_ERROR(ops.GatherRows(X, logit_rows, HD, rows));
+  return Head(ops, L, rows, n_logits, logits);
 }
 
 Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits,

@@ -46,6 +46,16 @@ class V4Forward {
   Status Mtp(V4Ops& ops, int mtp_index, const Segment& segment, std::span<const int32_t> next,
              std::span<const float> hidden, std::vector<float>* logits,
              bool last_row_logits = false, std::vector<float>* last_hidden = nullptr) const;
+  // The same block for several sequences in one pass over its weights (speculative drafting
+  // across a batch): segments[i] as above with its rows in the step's flattened order, next [T]
+  // and hidden [T, hc, hidden] flattened likewise. logits receives [logit_rows.size(), vocab]
+  // for those flattened rows (the head runs on them only; none when empty), streams the block's
+  // final streams of stream_rows [stream_rows.size(), hc, hidden]. Each row's results are those
+  // the sequence would get alone (the ops are batch-invariant).
+  Status MtpRows(V4Ops& ops, int mtp_index, std::span<const Segment> segments,
+                 std::span<const int32_t> next, std::span<const float> hidden,
+                 std::span<const int64_t> logit_rows, std::vector<float>* logits,
+                 std::span<const int64_t> stream_rows, std::vector<float>* streams) const;
 
   // A step's or an MTP call's token ids are in the vocabulary (the backends check before any
   // state changes); MTP's hidden streams are [next.size(), hc, hidden].

@@ -193,9 +193,12 @@ void Engine::Impl::RunBatch(std::vector<ChunkRun>& batch, StepResult& result) {
   } else {
     // Chunks that do not sample know every next token: the MTP block catches up now, so that a
     // prefix-cache snapshot holds it too.
-    if (speculative())
+    if (speculative()) {
+      std::vector<DraftJob> catch_up;
       for (ChunkRun& r : batch)
-        if (!r.plan->samples) AdvanceDrafts(*r.seq, r);
+        if (!r.plan->samples) catch_up.push_back({r.seq, &r});
+      AdvanceDrafts(catch_up);
+    }
     for (ChunkRun& r : batch)
       if (r.plan->snapshot_after && r.seq->state != nullptr) Snapshot(*r.seq);
     DrawAndEmit(batch);

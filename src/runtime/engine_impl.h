@@ -221,12 +221,17 @@ struct Engine::Impl {
   // The draws of a sampling chunk that ran drafts: the rejection rule row by row (pure, as
   // DrawToken), the accepted drafts and the token after them; sets r.n_accepted.
   std::vector<Draw> VerifyDrafts(const Sequence& s, ChunkRun& r) const;
-  // After s's step (run = the chunk that computed its newest positions): rolls back the rejected
-  // draft positions, runs the MTP block over the positions it has not seen (their final streams
-  // are in run.out.hidden) and, when s waits for its next token, proposes the next drafts.
-  // A failure finishes s with the error.
-  void AdvanceDrafts(Sequence& s, const ChunkRun& run);
-  Status ProposeDrafts(Sequence& s, const ChunkRun& run);
+  // After a step, for each (s, run = the chunk that computed s's newest positions): rolls back
+  // the rejected draft positions, runs the MTP block over the positions it has not seen (their
+  // final streams are in run.out.hidden) and, when s waits for its next token, proposes the
+  // next drafts. All sequences share each MTP call (one pass over the block's weights per draft
+  // position, not one per sequence); each gets what it would alone. A failure finishes the
+  // sequences it concerns with the error.
+  struct DraftJob {
+    Sequence* seq = nullptr;
+    const ChunkRun* run = nullptr;
+  };
+  void AdvanceDrafts(std::span<const DraftJob> jobs);
   void CountSpeculation(const ChunkRun& r);
   void PublishStats();
   // Answers the FlushPrefixCache calls waiting (under mu, after incoming was taken).

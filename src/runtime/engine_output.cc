@@ -182,6 +182,7 @@ void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
     else
       r.draws = {DrawToken(*r.seq, logits)};
   });
+  std::vector<DraftJob> drafting;  // every sampled sequence (and fork) drafts after its tokens
   for (ChunkRun& r : batch) {
     auto& prompt_logprobs = r.seq->req->prompt_logprobs;
     for (TokenLogprob& lp : r.prompt_logprobs) prompt_logprobs.push_back(std::move(lp));
@@ -199,10 +200,11 @@ void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
       Sample(*r.seq, r.Row(static_cast<int32_t>(r.plan->n_tokens - 1), vocab));
       if (speculative())
         for (size_t f = first_fork; f < forks.size(); ++f)
-          AdvanceDrafts(*seqs.at(forks[f].first), r);
+          drafting.push_back({seqs.at(forks[f].first).get(), &r});
     }
-    if (speculative()) AdvanceDrafts(*r.seq, r);
+    if (speculative()) drafting.push_back({r.seq, &r});
   }
+  if (!drafting.empty()) AdvanceDrafts(drafting);
 }
 
 }  // namespace dsinfer::runtime

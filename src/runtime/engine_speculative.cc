@@ -66,61 +66,119 @@ void Engine::Impl::CountSpeculation(const ChunkRun& r) {
   for (int i = 0; i < r.n_accepted; ++i) ++spec_stats.num_accepted_tokens_per_pos[i];
 }
 
-void Engine::Impl::AdvanceDrafts(Sequence& s, const ChunkRun& run) {
-  s.drafts.clear();
-  s.draft_dists.clear();
-  if (s.finished || s.state == nullptr) return;
-  const Status st = ProposeDrafts(s, run);
-  if (!st.ok()) Finish(s, FinishReason::kError, st.WithContext("speculative decoding"));
-}
+namespace {
 
-Status Engine::Impl::ProposeDrafts(Sequence& s, const ChunkRun& run) {
-  const ScheduledChunk& c = *run.plan;
-  // Rejected draft positions go; the accepted ones stay computed.
-  const int64_t keep = c.start + c.n_tokens + run.n_accepted;
-  if (s.state->n_tokens() > keep) DSINFER_RETURN_IF_ERROR(model->Truncate(*s.state, keep));
-  const int64_t m = model->MtpTokens(*s.state), n = s.state->n_tokens();
-  const auto n_context = static_cast<int64_t>(s.tokens.size());
-  if (m < c.start || m > n || n >= n_context)
-    return Internal("the MTP stream (" + std::to_string(m) +
-                    " positions) does not follow the step (" + std::to_string(c.start) + " .. " +
-                    std::to_string(n) + ")");
-  // Drafts only while waiting for the next token, and no more than can still be emitted.
-  const RequestParams& p = s.req->params;
-  int64_t want = 0;
-  if (n_context == n + 1) {
-    want = std::min<int64_t>(options.speculative_tokens,
-                             p.max_tokens - static_cast<int64_t>(s.generated.size()) - 1);
-    if (options.max_model_len > 0) want = std::min(want, options.max_model_len - n_context - 1);
-  }
-  if (m == n) return Status::Ok();  // nothing new: no logits to draft from
+// One sequence's drafting in a batched AdvanceDrafts.
+struct Drafting {
+  engine_detail::Sequence* seq = nullptr;
+  int64_t n = 0;     // backbone positions (the MTP stream is rolled back to them at the end)
+  int64_t want = 0;  // drafts to propose
+  std::vector<float> logits, streams;  // [vocab], [hc, hidden] of the MTP block's last row
+  std::vector<int32_t> generated;      // as if the drafts so far were emitted
+};
+
+}  // namespace
+
+void Engine::Impl::AdvanceDrafts(std::span<const DraftJob> jobs) {
   const int64_t HD = int64_t{weights.config().hc_mult} * weights.config().hidden;
-  const std::span<const float> hidden =
-      std::span<const float>(run.out.hidden).subspan((m - c.start) * HD, (n - m) * HD);
-  const std::span<const int32_t> next = std::span<const int32_t>(s.tokens).subspan(m + 1, n - m);
-  std::vector<float> logits, streams;  // [vocab], [hc, hidden]
-  DSINFER_RETURN_IF_ERROR(model->ForwardMtp(*s.state, hidden, next, want > 0 ? &logits : nullptr,
-                                            want > 1 ? &streams : nullptr));
-  if (want <= 0) return Status::Ok();
-  const SamplingParams sp = SamplerOf(s);
-  const uint64_t seed = DraftSeed(sp);
-  std::vector<int32_t> generated = s.generated;
-  for (int64_t j = 0; j < want; ++j) {
-    if (j > 0) {
-      const std::vector<float> in = streams;
-      const int32_t prev = s.drafts.back();
-      DSINFER_RETURN_IF_ERROR(model->ForwardMtp(*s.state, in, std::span<const int32_t>(&prev, 1),
-                                                &logits, j + 1 < want ? &streams : nullptr));
+  std::vector<Drafting> active;
+  std::vector<backend::MtpRun> runs;
+  active.reserve(jobs.size());
+  for (const DraftJob& job : jobs) {
+    Sequence& s = *job.seq;
+    s.drafts.clear();
+    s.draft_dists.clear();
+    if (s.finished || s.state == nullptr) continue;
+    const ScheduledChunk& c = *job.run->plan;
+    // Rejected draft positions go; the accepted ones stay computed.
+    const int64_t keep = c.start + c.n_tokens + job.run->n_accepted;
+    if (s.state->n_tokens() > keep) {
+      const Status st = model->Truncate(*s.state, keep);
+      if (!st.ok()) {
+        Finish(s, FinishReason::kError, st.WithContext("speculative decoding"));
+        continue;
+      }
     }
-    TokenDistribution q = SamplingDistribution(AdjustedLogits(s, logits, generated), sp);
-    const int32_t draft = SampleFrom(q, UniformFromCounter(seed, 3 * generated.size()));
-    s.drafts.push_back(draft);
-    s.draft_dists.push_back(std::move(q));
-    generated.push_back(draft);
+    const int64_t m = model->MtpTokens(*s.state), n = s.state->n_tokens();
+    const auto n_context = static_cast<int64_t>(s.tokens.size());
+    if (m < c.start || m > n || n >= n_context) {
+      Finish(s, FinishReason::kError,
+             Internal("speculative decoding: the MTP stream (" + std::to_string(m) +
+                      " positions) does not follow the step (" + std::to_string(c.start) +
+                      " .. " + std::to_string(n) + ")"));
+      continue;
+    }
+    if (m == n) continue;  // nothing new: no logits to draft from
+    // Drafts only while waiting for the next token, and no more than can still be emitted.
+    const RequestParams& p = s.req->params;
+    int64_t want = 0;
+    if (n_context == n + 1) {
+      want = std::min<int64_t>(options.speculative_tokens,
+                               p.max_tokens - static_cast<int64_t>(s.generated.size()) - 1);
+      if (options.max_model_len > 0) want = std::min(want, options.max_model_len - n_context - 1);
+    }
+    active.push_back({.seq = &s, .n = n, .want = std::max<int64_t>(want, 0)});
+    runs.push_back({.state = s.state.get(),
+                    .hidden = std::span<const float>(job.run->out.hidden)
+                                  .subspan((m - c.start) * HD, (n - m) * HD),
+                    .next = std::span<const int32_t>(s.tokens).subspan(m + 1, n - m)});
+  }
+  // Output pointers once `active` no longer grows.
+  for (size_t i = 0; i < active.size(); ++i) {
+    runs[i].logits = active[i].want > 0 ? &active[i].logits : nullptr;
+    runs[i].last_hidden = active[i].want > 1 ? &active[i].streams : nullptr;
+  }
+  const auto fail_all = [&](const Status& st) {
+    for (Drafting& d : active) {
+      d.seq->drafts.clear();
+      d.seq->draft_dists.clear();
+      Finish(*d.seq, FinishReason::kError, st.WithContext("speculative decoding"));
+    }
+  };
+  if (const Status st = model->ForwardMtpBatch(runs); !st.ok()) return fail_all(st);
+  // Draft position j for every sequence that wants more than j drafts: sample from the last
+  // logits, then (if another follows) one chained MTP position for all of them at once.
+  int64_t most = 0;
+  for (Drafting& d : active) {
+    most = std::max(most, d.want);
+    d.generated = d.seq->generated;
+  }
+  std::vector<int32_t> prev(active.size());  // [active] each chained run's input token
+  std::vector<std::vector<float>> inputs(active.size());  // [active][hc, hidden]
+  for (int64_t j = 0; j < most; ++j) {
+    runs.clear();
+    for (size_t i = 0; i < active.size(); ++i) {
+      Drafting& d = active[i];
+      if (d.want <= j) continue;
+      Sequence& s = *d.seq;
+      const SamplingParams sp = SamplerOf(s);
+      TokenDistribution q = SamplingDistribution(AdjustedLogits(s, d.logits, d.generated), sp);
+      const int32_t draft = SampleFrom(q, UniformFromCounter(DraftSeed(sp), 3 * d.generated.size()));
+      s.drafts.push_back(draft);
+      s.draft_dists.push_back(std::move(q));
+      d.generated.push_back(draft);
+      if (j + 1 < d.want) {
+        prev[i] = draft;
+        inputs[i] = d.streams;
+        runs.push_back({.state = s.state.get(),
+                        .hidden = inputs[i],
+                        .next = std::span<const int32_t>(&prev[i], 1),
+                        .logits = &d.logits,
+                        .last_hidden = j + 2 < d.want ? &d.streams : nullptr});
+      }
+    }
+    if (runs.empty()) break;
+    if (const Status st = model->ForwardMtpBatch(runs); !st.ok()) return fail_all(st);
   }
   // The chained positions read the MTP block's own streams, not the target's: gone again.
-  if (model->MtpTokens(*s.state) > n) DSINFER_RETURN_IF_ERROR(model->TruncateMtp(*s.state, n));
-  return Status::Ok();
+  for (Drafting& d : active) {
+    if (model->MtpTokens(*d.seq->state) <= d.n) continue;
+    if (const Status st = model->TruncateMtp(*d.seq->state, d.n); !st.ok()) {
+      d.seq->drafts.clear();
+      d.seq->draft_dists.clear();
+      Finish(*d.seq, FinishReason::kError, st.WithContext("speculative decoding"));
+    }
+  }
 }
 
 }  // namespace dsinfer::runtime

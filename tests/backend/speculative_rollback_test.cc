@@ -104,6 +104,90 @@ TEST_P(SpeculativeRollback, RandomAcceptLengthsLeaveTheStateOfPlainDecoding) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, SpeculativeRollback, ::testing::Values("tiny-a", "tiny-c"));
 
+// Drafting across a batch: one ForwardMtpBatch over sequences of different lengths (catch-up
+// rows of different counts, then chained one-token rows) gives every sequence the logits,
+// streams and MTP state it gets alone, bit for bit.
+TEST_P(SpeculativeRollback, BatchedDraftingGivesEachSequenceWhatItGetsAlone) {
+  const auto& w = dsinfer::testing::PresetWeights(GetParam());
+  const model::ModelConfig& c = w.config();
+  ThreadPool pool(2);
+  auto made = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(made.ok());
+  CpuModel& m = **made;
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int32_t> any_token(2, c.vocab_size - 1);
+  const std::vector<int64_t> lengths = {1, 9, 130, 257};  // window, group and page boundaries
+  struct Seq {
+    std::unique_ptr<SequenceState> batched, alone;
+    std::vector<int32_t> tokens;
+    ForwardOutput out;
+  };
+  std::vector<Seq> seqs(lengths.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& q = seqs[i];
+    q.tokens.resize(static_cast<size_t>(lengths[i] + 1));
+    for (auto& t : q.tokens) t = any_token(rng);
+    q.batched = m.NewSequence();
+    q.alone = m.NewSequence();
+    const auto prompt = std::span<const int32_t>(q.tokens).first(static_cast<size_t>(lengths[i]));
+    ASSERT_TRUE(m.Forward(*q.batched, prompt, {.want_hidden = true}, &q.out).ok());
+    ForwardOutput again;
+    ASSERT_TRUE(m.Forward(*q.alone, prompt, {.want_hidden = true}, &again).ok());
+  }
+  // Catch-up: every sequence's MTP stream over its whole prompt (the last row's next token is
+  // the one after the prompt), with logits and streams of the last row.
+  std::vector<std::vector<float>> logits_b(seqs.size()), streams_b(seqs.size());
+  std::vector<MtpChunk> batch;
+  for (size_t i = 0; i < seqs.size(); ++i)
+    batch.push_back({seqs[i].batched.get(), seqs[i].out.hidden,
+                     std::span<const int32_t>(seqs[i].tokens).subspan(1), &logits_b[i],
+                     &streams_b[i]});
+  ASSERT_TRUE(m.ForwardMtpBatch(batch).ok());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<float> logits_a, streams_a;
+    ASSERT_TRUE(m.ForwardMtpLast(*seqs[i].alone, seqs[i].out.hidden,
+                                 std::span<const int32_t>(seqs[i].tokens).subspan(1), &logits_a,
+                                 &streams_a)
+                    .ok());
+    EXPECT_EQ(logits_b[i], logits_a) << "sequence " << i;
+    EXPECT_EQ(streams_b[i], streams_a) << "sequence " << i;
+  }
+  // Two chained draft positions; the second leaves out sequence 0 and asks sequence 1 for no
+  // streams, as a batch whose sequences want different draft counts does.
+  for (int j = 0; j < 2; ++j) {
+    batch.clear();
+    std::vector<std::vector<float>> in(seqs.size());
+    std::vector<int32_t> drafts(seqs.size());
+    for (size_t i = j == 0 ? 0 : 1; i < seqs.size(); ++i) {
+      in[i] = streams_b[i];
+      drafts[i] = any_token(rng);
+      batch.push_back({seqs[i].batched.get(), in[i], std::span<const int32_t>(&drafts[i], 1),
+                       &logits_b[i], j == 1 && i == 1 ? nullptr : &streams_b[i]});
+    }
+    ASSERT_TRUE(m.ForwardMtpBatch(batch).ok());
+    for (size_t i = j == 0 ? 0 : 1; i < seqs.size(); ++i) {
+      std::vector<float> logits_a, streams_a;
+      ASSERT_TRUE(m.ForwardMtpLast(*seqs[i].alone, in[i], std::span<const int32_t>(&drafts[i], 1),
+                                   &logits_a, &streams_a)
+                      .ok());
+      EXPECT_EQ(logits_b[i], logits_a) << "sequence " << i << " draft " << j + 1;
+      if (!(j == 1 && i == 1)) {
+        EXPECT_EQ(streams_b[i], streams_a) << "sequence " << i;
+      }
+      EXPECT_EQ(seqs[i].batched->mtp_n_tokens(), seqs[i].alone->mtp_n_tokens());
+    }
+  }
+  // A bad chunk fails the call before any state changes.
+  std::vector<int32_t> bad = {c.vocab_size};
+  std::vector<float> h(static_cast<size_t>(int64_t{c.hc_mult} * c.hidden), 0.0f);
+  const int64_t before = seqs[2].batched->mtp_n_tokens();
+  batch = {{seqs[2].batched.get(), h, std::span<const int32_t>(&seqs[2].tokens[0], 1), nullptr,
+            nullptr},
+           {seqs[3].batched.get(), h, bad, nullptr, nullptr}};
+  EXPECT_FALSE(m.ForwardMtpBatch(batch).ok());
+  EXPECT_EQ(seqs[2].batched->mtp_n_tokens(), before);
+}
+
 TEST(SpeculativeRollback, TruncateMtpRefusesToGoPastItsRing) {
   const auto& w = dsinfer::testing::PresetWeights("tiny-a");
   ThreadPool pool(1);

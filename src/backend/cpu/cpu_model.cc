@@ -145,6 +145,51 @@ Status CpuModel::RunMtp(SequenceState& state, std::span<const float> hidden,
   return Status::Ok();
 }
 
+Status CpuModel::ForwardMtpBatch(std::span<const MtpChunk> chunks) {
+  const int64_t HD = int64_t{config().hc_mult} * config().hidden;
+  std::vector<Segment> segments;
+  std::vector<int32_t> next;                  // [T] flattened
+  std::vector<float> hidden;                  // [T, hc, hidden] flattened
+  std::vector<int64_t> logit_rows, stream_rows;
+  for (const MtpChunk& ch : chunks) {
+    if (ch.state == nullptr) return InvalidArgument("ForwardMtpBatch: a chunk has no state");
+    DSINFER_RETURN_IF_ERROR(program_.CheckMtpInputs(ch.next, ch.hidden));
+    if (&ch.state->layout() != &layout_)
+      return InvalidArgument("ForwardMtp: the sequence state belongs to another model");
+    for (const MtpChunk& other : chunks)
+      if (&other != &ch && other.state == ch.state)
+        return InvalidArgument("ForwardMtpBatch: a sequence appears twice");
+    const auto row = static_cast<int64_t>(next.size());
+    const auto n = static_cast<int64_t>(ch.next.size());
+    segments.push_back({row, n, ch.state->mtp_n_tokens(), ch.state});
+    next.insert(next.end(), ch.next.begin(), ch.next.end());
+    hidden.insert(hidden.end(), ch.hidden.begin(), ch.hidden.end());
+    if (ch.logits != nullptr) logit_rows.push_back(row + n - 1);
+    if (ch.last_hidden != nullptr) stream_rows.push_back(row + n - 1);
+  }
+  if (chunks.empty()) return Status::Ok();
+  std::vector<float> logits, streams;  // [logit_rows, vocab], [stream_rows, hc, hidden]
+  DSINFER_RETURN_IF_ERROR(program_.MtpRows(ops_, 0, segments, next, hidden, logit_rows, &logits,
+                                           stream_rows, &streams));
+  const int64_t V = config().vocab_size;
+  size_t li = 0, hi = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const MtpChunk& ch = chunks[i];
+    if (ch.logits != nullptr) {
+      ch.logits->assign(logits.begin() + static_cast<int64_t>(li) * V,
+                        logits.begin() + static_cast<int64_t>(li + 1) * V);
+      ++li;
+    }
+    if (ch.last_hidden != nullptr) {
+      ch.last_hidden->assign(streams.begin() + static_cast<int64_t>(hi) * HD,
+                             streams.begin() + static_cast<int64_t>(hi + 1) * HD);
+      ++hi;
+    }
+    ch.state->AdvanceMtp(segments[i].start_pos + segments[i].n);
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<uint8_t>> CpuModel::Export(const SequenceState& state,
                                               std::span<const int32_t> tokens,
                                               int64_t first_page) const {

@@ -37,6 +37,15 @@ struct SequenceChunk {
   ForwardOutput* out = nullptr;
 };
 
+// One sequence's part of a batched MTP call (CpuModel::ForwardMtpBatch).
+struct MtpChunk {
+  SequenceState* state = nullptr;
+  std::span<const float> hidden;            // [n, hc, hidden] f32 streams at the MTP positions
+  std::span<const int32_t> next;            // [n] the tokens one position later
+  std::vector<float>* logits = nullptr;     // out: [vocab] f32 of the last row (null: no head)
+  std::vector<float>* last_hidden = nullptr;  // out: [hc, hidden] f32 of the last row, or null
+};
+
 // The storage formats of sequence-state rows under `numerics`: packed FP8 / FP4 where the
 // numerics put the values on those grids, else bf16 or f32 (model/state_layout.h).
 model::RowFormat KvRowFormat(const model::ModelConfig& c, const Numerics& numerics);
@@ -90,6 +99,9 @@ class CpuModel {
   Status ForwardMtpLast(SequenceState& state, std::span<const float> hidden,
                         std::span<const int32_t> next_tokens, std::vector<float>* logits,
                         std::vector<float>* last_hidden);
+  // ForwardMtpLast for several sequences in one pass over the MTP block's weights, with the
+  // results each would get alone. Everything is validated before any state changes.
+  Status ForwardMtpBatch(std::span<const MtpChunk> chunks);
 
   // State operations (sequence_state.h).
   Status Truncate(SequenceState& state, int64_t n_tokens) const { return state.Truncate(n_tokens); }
