@@ -211,15 +211,18 @@ class V41Oracle:
 
     # -- top-k with the lower-index tie-break ---------------------------------------------------
     def topk_rows(self, scores, k_per_row):
-        """scores [n, T] with -inf = not selectable. Returns a list of ascending index tensors:
-        per row the min(k, #finite) highest finite scores, equal scores taken lower index first."""
+        """scores [n, T] with -inf = not selectable (+inf = pinned, always selectable). Returns a
+        list of ascending index tensors: per row the min(k, #selectable) highest scores, equal
+        scores taken lower index first. A pinned (+inf) entry counts as selectable: counting only
+        finite scores would drop the lowest block of the candidate pre-filter even when every
+        reachable block fits the budget (SGLang's V4.1 candidate tests keep them all)."""
         order = torch.sort(-scores, dim=-1, stable=True).indices
         out = []
         for i in range(scores.shape[0]):
-            finite = int(torch.isfinite(scores[i]).sum())
-            k = min(k_per_row, finite)
+            selectable = int((scores[i] > float("-inf")).sum())
+            k = min(k_per_row, selectable)
             sel = order[i, :k]
-            if k and k < finite:
+            if k and k < selectable:
                 kth = scores[i, sel[-1]]
                 if bool((scores[i] == kth).sum() > (scores[i, sel] == kth).sum()):
                     self.stats["topk_ties_broken"] += 1

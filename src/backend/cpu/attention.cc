@@ -196,11 +196,13 @@ namespace {
 // The candidate blocks of one query (spec §14.3, level one): block b holds rows
 // [b * size, (b + 1) * size) of the n_vis visible ones; its score is its rows' highest; the block
 // holding the newest row is pinned; the `keep` best blocks (ties: the lower block), ascending.
+// Every visible block is reachable, the pinned one included, so min(keep, n_blocks) are kept
+// (NUMERICS.md row 17); callers skip the scoring where all of them fit.
 std::vector<int32_t> CandidateBlocks(std::span<const float> scores, int size, int keep) {
   const int64_t n_vis = static_cast<int64_t>(scores.size());
   const int n_blocks = static_cast<int>((n_vis + size - 1) / size);
-  keep = std::min(keep, n_blocks - 1);
-  std::vector<float> block_score(static_cast<size_t>(n_blocks), -INFINITY);
+  keep = std::min(keep, n_blocks);
+  std::vector<float> block_score(static_cast<size_t>(n_blocks), -INFINITY);  // [n_blocks]
   for (int64_t j = 0; j < n_vis; ++j)
     block_score[j / size] = std::max(block_score[j / size], scores[j]);
   if (n_blocks > 0) block_score.back() = INFINITY;
@@ -234,7 +236,11 @@ Result<Selection> CpuOps::IndexerSelect(const IndexerQuery& q) {
   for (size_t si = 0; si < segments_.size(); ++si) {
     const Segment& sg = segments_[si];
     const int64_t n_keys = (sg.start_pos + sg.n) / ratio;
-    if (n_keys <= c.index_topk && !candidates) continue;
+    // No query of the sequence scores keys when all its visible rows are selected and, for a
+    // candidate source, all its blocks fit the budget (a consumer's rows are a subset of them).
+    const bool blocks_scored = q.candidate_blocks_out != nullptr &&
+                               (n_keys + cbs - 1) / cbs > q.candidate_topk_blocks;
+    if (n_keys <= c.index_topk && !blocks_scored) continue;
     keys[si].resize(static_cast<size_t>(n_keys * ihd));
     key_ptrs[si].resize(static_cast<size_t>(n_keys));
     pool_.ParallelFor(n_keys, [&](int64_t j) {
@@ -267,7 +273,14 @@ Result<Selection> CpuOps::IndexerSelect(const IndexerQuery& q) {
       for (int32_t i : TopK(scores, c.index_topk)) selected[t].push_back(rows[i]);
       return;
     }
-    const bool blocks_out = q.candidate_blocks_out != nullptr && n_vis > cbs;
+    bool blocks_out = q.candidate_blocks_out != nullptr && n_vis > 0;
+    if (blocks_out && (n_vis + cbs - 1) / cbs <= q.candidate_topk_blocks) {
+      // Every visible block fits the budget: all are candidates, whatever their scores.
+      std::vector<int32_t>& all_blocks = (*q.candidate_blocks_out)[t];
+      all_blocks.resize(static_cast<size_t>((n_vis + cbs - 1) / cbs));
+      std::iota(all_blocks.begin(), all_blocks.end(), 0);
+      blocks_out = false;
+    }
     if (n_vis <= c.index_topk && !blocks_out) {
       selected[t].resize(static_cast<size_t>(n_vis));
       std::iota(selected[t].begin(), selected[t].end(), 0);
