@@ -65,8 +65,7 @@ class CpuRunner final : public ModelRunner {
     return model_->Truncate(Cpu(state), n_tokens);
   }
   Status CheckSpeculation(int n_draft) const override {
-    if (model_->config().n_mtp_layers < 1)
-      return FailedPrecondition("speculative decoding: this checkpoint has no MTP block");
+    DSINFER_RETURN_IF_ERROR(model_->CheckMtpBlock().WithContext("speculative decoding"));
     // A verify step writes n_draft + 1 positions, of which up to n_draft are rolled back; the
     // MTP stream chains n_draft - 1 positions past the backbone.
     if (n_draft < 0 || n_draft > model_->layout().rollback_tokens)

@@ -19,13 +19,18 @@ Status V4Forward::CheckTokens(std::span<const int32_t> tokens) const {
   return Status::Ok();
 }
 
-Status V4Forward::CheckMtpInputs(std::span<const int32_t> next,
-                                 std::span<const float> hidden) const {
+Status V4Forward::CheckMtpBlock() const {
   if (config_.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
   if (config_.V41())
     return Unimplemented(
         "DeepSeek-V4.1's dSpark stages (mtp.*) are loaded and validated, but dSpark drafting is "
         "not implemented");
+  return Status::Ok();
+}
+
+Status V4Forward::CheckMtpInputs(std::span<const int32_t> next,
+                                 std::span<const float> hidden) const {
+  DSINFER_RETURN_IF_ERROR(CheckMtpBlock());
   const int64_t HD = int64_t{config_.hc_mult} * config_.hidden;
   if (next.empty() || static_cast<int64_t>(hidden.size()) != static_cast<int64_t>(next.size()) * HD)
     return InvalidArgument("ForwardMtp: hidden must be [n, hc_mult, hidden] for n next tokens");

@@ -61,6 +61,8 @@ class V4Forward {
   // state changes); MTP's hidden streams are [next.size(), hc, hidden].
   Status CheckTokens(std::span<const int32_t> tokens) const;
   Status CheckMtpInputs(std::span<const int32_t> next, std::span<const float> hidden) const;
+  // The checkpoint has a V4 MTP block this program runs (not V4.1's dSpark stages).
+  Status CheckMtpBlock() const;
 
   // Floats per token of the mHC mix buffer: pre [hc], post [hc], comb [hc, hc].
   int MixFloats() const { return 2 * config_.hc_mult + config_.hc_mult * config_.hc_mult; }

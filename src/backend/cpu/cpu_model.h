@@ -99,6 +99,8 @@ class CpuModel {
   Status ForwardMtpLast(SequenceState& state, std::span<const float> hidden,
                         std::span<const int32_t> next_tokens, std::vector<float>* logits,
                         std::vector<float>* last_hidden);
+  // Ok when the checkpoint's MTP block is one ForwardMtp runs (V4's; not V4.1's dSpark).
+  Status CheckMtpBlock() const { return program_.CheckMtpBlock(); }
   // ForwardMtpLast for several sequences in one pass over the MTP block's weights, with the
   // results each would get alone. Everything is validated before any state changes.
   Status ForwardMtpBatch(std::span<const MtpChunk> chunks);
