@@ -137,6 +137,17 @@ Result<Json> HoldForRemoteDecode(Service::Core& core, const Generation& generati
               {"dsinfer_transfer", descriptor}};
 }
 
+bool RefuseKvTransferParams(const Json& body, ResponseSink& sink, ApiFlavor flavor) {
+  const auto it = body.find("kv_transfer_params");
+  if (it == body.end() || it->is_null()) return false;
+  SendError(sink,
+            Unsupported("kv_transfer_params: prefill/decode disaggregation is served on "
+                        "/v1/chat/completions and /v1/completions only",
+                        "kv_transfer_params"),
+            flavor);
+  return true;
+}
+
 std::optional<KvTransferRequest> PrepareKvTransfer(Service::Core& core, const Json& body,
                                                    bool stream, runtime::RequestParams* params,
                                                    ResponseSink& sink) {

@@ -173,6 +173,10 @@ Status PrepareDisaggregated(Service::Core& core, const KvTransferRequest& kv,
 Result<Json> HoldForRemoteDecode(Service::Core& core, const Generation& generation,
                                  const runtime::RequestParams& params);
 
+// The APIs without the hand-over (Responses, Anthropic Messages) refuse kv_transfer_params
+// rather than ignore them: true when the 422 was sent.
+bool RefuseKvTransferParams(const Json& body, ResponseSink& sink, ApiFlavor flavor);
+
 // The chat page served at "/".
 std::string_view ChatPageHtml();
 

@@ -267,6 +267,11 @@ def main():
         check(s3 == 400 and "rkey" in r3, f"a malformed descriptor: 400 ({s3}: {r3[:160]})")
         s4, r4 = post(both.url + "/v1/chat/completions", decode_body)
         check(s4 == 400 and "--role both" in r4, f"a role mismatch: 400 ({s4}: {r4[:160]})")
+        s5, r5 = post(decodes[0].url + "/v1/responses",
+                      {"model": MODEL, "input": "hi", "max_output_tokens": 2,
+                       "kv_transfer_params": params})
+        check(s5 == 422 and "kv_transfer_params" in r5,
+              f"an API without the hand-over refuses kv_transfer_params: 422 ({s5}: {r5[:160]})")
     finally:
         if router is not None and router.poll() is None:
             router.terminate()
