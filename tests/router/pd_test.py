@@ -16,13 +16,12 @@ Everything binds 127.0.0.1. The last line is "N passed, N failed".
 import argparse
 import json
 import os
-import signal
 import struct
 import subprocess
 import sys
 import time
 
-from router_test import free_port, http, wait_until
+from router_test import Replica, free_port, http, wait_until
 
 MODEL = "dsinfer-demo"
 DEADLINE_S = 3
@@ -56,25 +55,9 @@ class Worker:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited; see its log in {self.args.workdir}")
 
-    def metrics(self):
-        status, text = http("GET", self.url + "/metrics")
-        assert status == 200, text
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-        return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    # The scale-out test's replica helpers: they use only self.url and self.proc.
+    metrics = Replica.metrics
+    stop = Replica.stop
 
 
 def prompts(n):
