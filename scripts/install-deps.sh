@@ -4,9 +4,9 @@
 set -euo pipefail
 # libssl-dev: SHA-256 of state blobs (core/sha256.h); libzmq3-dev + libmsgpack-dev: the KV-event
 # publisher (vLLM's ZMQ + msgpack wire format); libicu-dev: Unicode normalisation of the V4.1
-# Engram token map.
+# Engram token map; libucx-dev: the prefill/decode KV transfer (src/transfer, ucp one-sided get).
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libboost-dev libssl-dev
-  ccache libzmq3-dev libmsgpack-dev libicu-dev)
+  ccache libzmq3-dev libmsgpack-dev libicu-dev libucx-dev)
 if [[ "${DSINFER_WITH_CLANG:-0}" == 1 ]]; then pkgs+=(clang libclang-rt-14-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -56,7 +56,8 @@ constexpr const char* kUsage =
     "              [--kv-events-block-size N] [--kv-events-topic TOPIC]\n"
     "              [--scheduler-metrics none|waiting=NAME,running=NAME,kv_usage=NAME]\n"
     "              [--kv-cache-dir DIR] [--kv-cache-disk-gb GB] [--kv-cache-ram-gb GB]\n"
-    "              [--kv-cache-write-back]";
+    "              [--kv-cache-write-back] [--role both|prefill|decode] "
+    "[--kv-transfer-deadline SECONDS]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -167,7 +168,9 @@ int RunServe(int argc, char** argv) {
                    "kv-cache-dir",
                    "kv-cache-disk-gb",
                    "kv-cache-ram-gb",
-                   "speculative-tokens"},
+                   "speculative-tokens",
+                   "role",
+                   "kv-transfer-deadline"},
                   {"no-default-thinking", "kv-cache-write-back"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -297,6 +300,34 @@ int RunServe(int argc, char** argv) {
     engine_options.prefix_cache_observer = kv_events;
   } else if (args.Has("kv-events-block-size") || args.Has("kv-events-topic")) {
     return Usage("--kv-events-block-size and --kv-events-topic need --kv-events-endpoint");
+  }
+  // Prefill/decode disaggregation (server/disaggregation.cc): the UCX transfer agent of a
+  // prefill or decode worker, started after the signal mask so that its thread inherits it.
+  const std::string role = args.GetOr("role", "both");
+  double transfer_deadline = 60;
+  if (!args.GetDouble("kv-transfer-deadline", &transfer_deadline)) return Usage(args.error());
+  if (role == "prefill")
+    service_options.role = server::DisaggregationRole::kPrefill;
+  else if (role == "decode")
+    service_options.role = server::DisaggregationRole::kDecode;
+  else if (role != "both")
+    return Usage("--role must be both, prefill or decode");
+  if (!(transfer_deadline > 0 && transfer_deadline <= 3600))
+    return Usage("--kv-transfer-deadline must be in (0, 3600] seconds");
+  if (role == "both" && args.Has("kv-transfer-deadline"))
+    return Usage("--kv-transfer-deadline needs --role prefill or decode");
+  if (role != "both") {
+    transfer::TransferOptions transfer_options;
+    transfer_options.engine_id = "dsinfer-" + role + "-" + std::to_string(getpid());
+    transfer_options.hold_deadline =
+        std::chrono::milliseconds(static_cast<int64_t>(transfer_deadline * 1000));
+    auto agent = transfer::KvTransferAgent::Create(transfer_options);
+    if (!agent.ok()) {
+      std::fprintf(stderr, "dsinfer serve: %s\n", agent.status().ToString().c_str());
+      return 1;
+    }
+    service_options.engine_id = transfer_options.engine_id;
+    service_options.kv_transfer = std::move(agent).value();
   }
   service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
   service_options.default_max_tokens = static_cast<int>(default_max_tokens);

@@ -124,6 +124,20 @@ void Engine::Impl::NoteStart(Sequence& s, int64_t start) {
 
 Result<int64_t> Engine::Impl::Start(SeqId id, int64_t max_reuse) {
   Sequence& s = *seqs.at(id);
+  // A decode worker's request starts from the state the prefill worker sent (on a restart after
+  // preemption too); only when positions before the prompt's end must be computed (never: the
+  // prompt logprobs are refused with a remote prefill) does it compute them itself.
+  if (s.req->params.imported_state != nullptr && max_reuse >= s.n_prompt - 1) {
+    s.drafts.clear();
+    s.draft_dists.clear();
+    DSINFER_ASSIGN_OR_RETURN(s.state, ImportPromptState(s));
+    if (!s.req->scheduled) {
+      s.req->scheduled = true;
+      s.req->scheduled_at = Clock::now();
+      s.req->usage.cached_prompt_tokens = s.n_prompt - 1;  // not computed here
+    }
+    return s.n_prompt - 1;
+  }
   const PrefixCache::Entry* hit =
       options.enable_prefix_cache ? prefix_cache.Lookup(s.tokens, max_reuse) : nullptr;
   s.drafts.clear();  // proposed for a state that is gone (preemption)
@@ -155,6 +169,10 @@ Status Engine::Impl::Forward(std::vector<ChunkRun>& batch) {
     // Drafts follow the context tokens (the plan's n_draft are room reserved; the sequence
     // may have proposed fewer, e.g. near max_tokens).
     r.n_draft = std::min(c.n_draft, static_cast<int>(s.drafts.size()));
+    // A prefill worker's request: the state the decode worker continues from is the one before
+    // the last prompt token (the prefix cache's split ends a chunk there).
+    if (s.req->params.export_prompt_state && !s.req->exported && c.start == s.n_prompt - 1)
+      ExportPromptState(s);
     chunks[i].tokens = std::span<const int32_t>(s.tokens).subspan(c.start, c.n_tokens);
     if (r.n_draft > 0) {
       r.input.assign(chunks[i].tokens.begin(), chunks[i].tokens.end());
@@ -369,6 +387,19 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
   const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens +
                         impl_->options.speculative_tokens;
   DSINFER_RETURN_IF_ERROR(CheckFitsBudget(impl_->kv, total));
+  if (params.export_prompt_state || params.imported_state != nullptr) {
+    if (params.prompt.size() < 2)
+      return InvalidArgument(
+          "prefill/decode disaggregation needs a prompt of at least 2 tokens (the state before "
+          "the last one travels)");
+    if (params.export_prompt_state && !impl_->options.enable_prefix_cache)
+      return InvalidArgument(
+          "a prefill worker needs the prefix cache (its checkpoint split ends the chunk where "
+          "the state is exported)");
+    if (params.imported_state != nullptr && params.prompt_logprobs >= 0)
+      return InvalidArgument(
+          "prompt_logprobs cannot be computed for a prompt prefilled on another worker");
+  }
   auto req = std::make_shared<Request>();
   if (params.request_id.empty()) {
     static_assert(sizeof(uintptr_t) <= 8);

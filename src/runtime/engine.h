@@ -50,6 +50,15 @@ struct RequestParams {
   // alternatives (0..20); -1: none. Delivered with the first event (StreamEvent::prompt_logprobs).
   int prompt_logprobs = -1;
   std::string request_id;  // for logs/metrics; assigned if empty
+  // Prefill/decode disaggregation. A prefill worker's request: the state of prompt[0, n - 1) is
+  // exported (ModelRunner::Export) just before the last prompt token runs and delivered with the
+  // request's first event (StreamEvent::exported_state). Needs the prefix cache (its checkpoint
+  // split ends a prompt chunk there), a paged runner and a prompt of at least 2 tokens.
+  bool export_prompt_state = false;
+  // A decode worker's request: the state of prompt[0, n - 1) another worker exported, imported
+  // instead of computing those positions (refused, and the request failed, when it is not a
+  // state of those tokens under this model, numerics and layout).
+  std::shared_ptr<const std::vector<uint8_t>> imported_state;
 };
 
 struct TokenLogprob {
@@ -78,6 +87,10 @@ struct StreamEvent {
   FinishReason finish_reason = FinishReason::kNone;
   Usage usage;
   Status error;  // non-ok only with finish_reason kError
+  // RequestParams::export_prompt_state, on the request's first event: the blob, or why it could
+  // not be made.
+  std::shared_ptr<const std::vector<uint8_t>> exported_state;
+  Status export_status;
   // Timing for metrics (engine clock): when the request was queued / first scheduled.
   std::chrono::steady_clock::time_point queued_at, scheduled_at;
 };

@@ -39,6 +39,10 @@ struct Request {
   Usage usage;
   uint64_t seed = 0;
   std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1 .. as far as computed
+  // RequestParams::export_prompt_state: made once, delivered with the first event.
+  bool exported = false;
+  std::shared_ptr<const std::vector<uint8_t>> exported_state;
+  Status export_status;
 };
 
 // One sample of a request (n > 1 forks after the prompt).
@@ -185,6 +189,10 @@ struct Engine::Impl {
   std::unique_ptr<RunnerState> RestoreFromStore(const Sequence& s, int64_t min_tokens,
                                                 int64_t max_tokens);
   void Persist(const Sequence& s);
+  // Prefill/decode disaggregation (engine_kv_tier.cc): s's prompt state before its last token,
+  // exported for the request's first event; s's state imported from the request's blob.
+  void ExportPromptState(Sequence& s);
+  Result<std::unique_ptr<RunnerState>> ImportPromptState(const Sequence& s);
   // The step's draws and prompt logprobs (on the runner's idle threads), applied in batch order.
   void DrawAndEmit(std::vector<ChunkRun>& batch);
   // The token s draws from this step's logits, and its logprobs when asked for: a pure function of

@@ -64,4 +64,25 @@ void Engine::Impl::Persist(const Sequence& s) {
   kv_store->Put(prefix, first_page, std::move(blob).value());
 }
 
+void Engine::Impl::ExportPromptState(Sequence& s) {
+  Request& req = *s.req;
+  req.exported = true;
+  const std::span<const int32_t> prefix =
+      std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_prompt - 1));
+  auto blob = model->Export(*s.state, prefix, /*first_page=*/0);
+  if (!blob.ok()) {
+    req.export_status = blob.status().WithContext("exporting the prompt's state");
+    return;
+  }
+  req.exported_state = std::make_shared<const std::vector<uint8_t>>(std::move(blob).value());
+}
+
+Result<std::unique_ptr<backend::RunnerState>> Engine::Impl::ImportPromptState(const Sequence& s) {
+  const std::span<const int32_t> prefix =
+      std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.n_prompt - 1));
+  auto state = model->Import(*s.req->params.imported_state, prefix, /*base=*/nullptr);
+  if (!state.ok()) return state.status().WithContext("importing the prefilled state");
+  return state;
+}
+
 }  // namespace dsinfer::runtime

@@ -20,7 +20,11 @@ StreamEvent Engine::Impl::NewEvent(Sequence& s) {
   ev.index = s.index;
   ev.queued_at = s.req->queued_at;
   ev.scheduled_at = s.req->scheduled_at;
-  if (!s.req->any_event) ev.prompt_logprobs = std::move(s.req->prompt_logprobs);
+  if (!s.req->any_event) {
+    ev.prompt_logprobs = std::move(s.req->prompt_logprobs);
+    ev.exported_state = s.req->exported_state;
+    ev.export_status = s.req->export_status;
+  }
   s.req->any_event = true;
   return ev;
 }

@@ -402,7 +402,7 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
   const auto flavor = ApiFlavor::kAnthropic;
   GenerationSpec spec;
   auto body = BodyForServedModel(core, request, sink, flavor);
-  if (!body) return;
+  if (!body || RefuseKvTransferParams(*body, sink, flavor)) return;
   auto stream = OptBool(*body, "stream");
   if (!stream.ok()) return SendError(sink, FromStatus(stream.status()), flavor);
   auto max_tokens = OptInt(*body, "max_tokens");

@@ -146,6 +146,8 @@ bool Generation::Consume(const runtime::StreamEvent& event, GenerationObserver& 
   if (event.index < 0 || event.index >= static_cast<int>(samples_.size())) return true;
   SampleState& state = *states_[event.index];
   SampleOutput& sample = samples_[event.index];
+  if (event.exported_state != nullptr) exported_state_ = event.exported_state;
+  if (!event.export_status.ok()) export_status_ = event.export_status;
   if (!event.prompt_logprobs.empty() && !prompt_logprobs_seen_) {
     prompt_logprobs_seen_ = true;
     if (!observer.OnPromptLogprobs(event.prompt_logprobs)) return false;

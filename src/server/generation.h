@@ -107,6 +107,12 @@ class Generation {
   const Status& error() const { return error_; }
   const std::shared_ptr<runtime::RequestStream>& stream() const { return stream_; }
   const std::string& request_id() const { return stream_->id(); }
+  const runtime::RequestParams& params() const { return spec_.params; }
+  // RequestParams::export_prompt_state: the blob (or why there is none), from the first event.
+  const std::shared_ptr<const std::vector<uint8_t>>& exported_state() const {
+    return exported_state_;
+  }
+  const Status& export_status() const { return export_status_; }
 
  private:
   Generation(const text::Tokenizer& tokenizer, ServerMetrics& metrics, GenerationSpec spec,
@@ -128,6 +134,8 @@ class Generation {
   bool finished_ = false;
   bool first_token_seen_ = false;
   bool prompt_logprobs_seen_ = false;
+  std::shared_ptr<const std::vector<uint8_t>> exported_state_;
+  Status export_status_;
   std::chrono::steady_clock::time_point last_token_time_;
 };
 

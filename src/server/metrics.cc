@@ -247,4 +247,32 @@ std::string ServerMetrics::Render(const runtime::EngineStats& stats, int open_co
   return out;
 }
 
+std::string RenderKvTransferMetrics(const transfer::TransferStats& t) {
+  std::string out;
+  const std::string p = "dsinfer:kv_transfer_";
+  auto one = [&](const std::string& name, const char* type, const std::string& help, double v) {
+    Metric(&out, p + name, type, help);
+    Sample(&out, p + name + (std::string(type) == "counter" ? "_total" : ""), v);
+  };
+  one("held_blobs", "gauge", "Prefilled states held for a decode worker to pull.",
+      static_cast<double>(t.held_blobs));
+  one("held_bytes", "gauge", "Bytes of the held states.", static_cast<double>(t.held_bytes));
+  one("holds", "counter", "States handed over (held for a pull).",
+      static_cast<double>(t.holds_total));
+  one("released_pulled", "counter", "Held states released after their pull.",
+      static_cast<double>(t.released_pulled_total));
+  one("released_deadline", "counter", "Held states released unpulled at their deadline.",
+      static_cast<double>(t.released_deadline_total));
+  one("pulls", "counter", "States pulled from a prefill worker.",
+      static_cast<double>(t.pulls_total));
+  one("pull_failures", "counter", "Failed pulls (checksum mismatches included).",
+      static_cast<double>(t.pull_failures_total));
+  one("checksum_failures", "counter", "Pulled states whose SHA-256 did not match.",
+      static_cast<double>(t.checksum_failures_total));
+  one("pulled_bytes", "counter", "Bytes pulled.", static_cast<double>(t.pulled_bytes_total));
+  one("pull_seconds", "counter", "Seconds spent in successful pulls (acquire, get, checksum).",
+      t.pull_seconds_total);
+  return out;
+}
+
 }  // namespace dsinfer::server

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "transfer/kv_transfer.h"
 
 namespace dsinfer::server {
 
@@ -61,5 +62,8 @@ class ServerMetrics {
   std::map<int, int64_t> http_responses_;
   SchedulerMetricNames scheduler_names_;
 };
+
+// The prefill/decode KV transfer's counters (a prefill or decode worker's /metrics).
+std::string RenderKvTransferMetrics(const transfer::TransferStats& t);
 
 }  // namespace dsinfer::server

@@ -227,6 +227,8 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   spec.forced_tool_call = encoded->forced_tool_call;
   spec.json_output = encoded->json_output;
   spec.stop = std::move(*stops);
+  auto kv_transfer = PrepareKvTransfer(core, *body, stream_options->stream, &spec.params, sink);
+  if (!kv_transfer) return;
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
@@ -235,7 +237,9 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
                     logprobs->value_or(false), prompt_logprobs->has_value());
   result.set_generation(generation->get());
   if (!result.Begin()) return;
-  result.Finish((*generation)->Run(result, &sink));
+  const GenerationEnd end = (*generation)->Run(result, &sink);
+  if (!AddKvTransferParams(core, *kv_transfer, **generation, end, result, sink)) return;
+  result.Finish(end);
 }
 
 }  // namespace dsinfer::server

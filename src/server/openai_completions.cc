@@ -305,6 +305,8 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
   spec.params.request_id = id;
   spec.raw_text = true;
   spec.stop = std::move(*stops);
+  auto kv_transfer = PrepareKvTransfer(core, *body, stream_options->stream, &spec.params, sink);
+  if (!kv_transfer) return;
   auto generation =
       Generation::Start(*core.engine.load(), *core.tokenizer, core.metrics, std::move(spec));
   if (!generation.ok()) return SendError(sink, FromStatus(generation.status()), flavor);
@@ -312,7 +314,9 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
                           static_cast<int>((*generation)->samples().size()), std::move(options));
   result.set_generation(generation->get());
   if (!result.Begin()) return;
-  result.Finish((*generation)->Run(result, &sink));
+  const GenerationEnd end = (*generation)->Run(result, &sink);
+  if (!AddKvTransferParams(core, *kv_transfer, **generation, end, result, sink)) return;
+  result.Finish(end);
 }
 
 }  // namespace dsinfer::server

@@ -421,7 +421,7 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   const auto flavor = ApiFlavor::kOpenAI;
   GenerationSpec spec;
   auto body = BodyForServedModel(core, request, sink, flavor);
-  if (!body) return;
+  if (!body || RefuseKvTransferParams(*body, sink, flavor)) return;
   if (body->contains("previous_response_id") && !(*body)["previous_response_id"].is_null())
     return SendError(sink,
                      Unsupported("previous_response_id is not supported (stateless Responses API)",

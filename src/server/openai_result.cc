@@ -115,6 +115,7 @@ bool OpenAIResult::WriteChunk(Json choices, const Json& extra) {
 Json OpenAIResult::Response() const {
   Json response = Envelope(object_, FinalChoices());
   AddFields(response);
+  for (const auto& [key, value] : extra_.items()) response[key] = value;
   response["usage"] = OpenAIUsage(ReportedUsage(), ReasoningTokens());
   return response;
 }

@@ -40,6 +40,8 @@ class OpenAIResult : public GenerationObserver {
   // The non-streamed response object (valid once the generation has ended).
   Json Response() const;
   void set_generation(const Generation* g) { generation_ = g; }
+  // A top-level field of the final object besides the builder's own (kv_transfer_params).
+  void set_extra_field(const std::string& key, Json value) { extra_[key] = std::move(value); }
 
  protected:
   OpenAIResult(Service::Core& core, ResponseSink& sink, std::string id, std::string object,
@@ -67,6 +69,18 @@ class OpenAIResult : public GenerationObserver {
   const std::string chunk_object_;
   const StreamOptions options_;
   const int64_t created_;
+  Json extra_ = Json::object();
 };
+
+// Prefill/decode disaggregation in the OpenAI handlers (disaggregation.cc). Before the
+// generation: the request's kv_transfer_params (a prefill request must not stream), the state
+// pulled for a decode worker; nullopt when the error was sent. After it: a prefill worker's
+// answer gets its kv_transfer_params; false when the error was sent instead.
+std::optional<KvTransferRequest> PrepareKvTransfer(Service::Core& core, const Json& body,
+                                                   bool stream, runtime::RequestParams* params,
+                                                   ResponseSink& sink);
+bool AddKvTransferParams(Service::Core& core, const KvTransferRequest& kv,
+                         const Generation& generation, GenerationEnd end, OpenAIResult& result,
+                         ResponseSink& sink);
 
 }  // namespace dsinfer::server

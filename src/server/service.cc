@@ -383,8 +383,10 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
   if (route && std::string_view(route->path) == "/metrics") {
     runtime::EngineStats stats = engine ? engine->Stats() : runtime::EngineStats{};
     const HttpServer* http = core.http.load();
-    return sink.Send(200, "text/plain; version=0.0.4; charset=utf-8",
-                     core.metrics.Render(stats, http ? http->open_connections() : 0));
+    std::string text = core.metrics.Render(stats, http ? http->open_connections() : 0);
+    if (core.options.kv_transfer != nullptr)
+      text += RenderKvTransferMetrics(core.options.kv_transfer->Stats());
+    return sink.Send(200, "text/plain; version=0.0.4; charset=utf-8", text);
   }
   if (engine == nullptr || core.tokenizer == nullptr) {
     ApiError e;

@@ -14,6 +14,7 @@
 #include "server/metrics.h"
 #include "text/chat_types.h"
 #include "text/tokenizer.h"
+#include "transfer/kv_transfer.h"
 
 namespace dsinfer::server {
 
@@ -24,6 +25,11 @@ struct KvEventsInfo {
   std::string topic;
   int block_size = 16;  // tokens per published block
 };
+
+// `dsinfer serve --role`: a prefill worker hands each do_remote_decode request's state to a
+// decode worker; a decode worker continues do_remote_prefill requests from such a state; both
+// (the default) does everything itself. Every role serves plain requests whole.
+enum class DisaggregationRole { kBoth, kPrefill, kDecode };
 
 struct ServiceOptions {
   std::string served_model_name = "deepseek-v4-flash";
@@ -42,6 +48,10 @@ struct ServiceOptions {
   std::function<void(const std::string&)> access_log;
   KvEventsInfo kv_events;
   SchedulerMetricNames scheduler_metrics;  // /metrics gauges under an endpoint picker's names
+  DisaggregationRole role = DisaggregationRole::kBoth;
+  std::string engine_id = "dsinfer";  // names this worker in kv_transfer_params
+  // The UCX transfer agent of a prefill or decode worker (null with --role both).
+  std::shared_ptr<transfer::KvTransferAgent> kv_transfer;
 };
 
 // What the service needs to know about the loaded model.

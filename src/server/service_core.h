@@ -155,6 +155,28 @@ std::optional<Json> BodyForServedModel(const Service::Core& core, const HttpRequ
 bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, ResponseSink& sink,
                           bool authorized);
 
+// Prefill/decode disaggregation (disaggregation.cc): a request's kv_transfer_params as this
+// worker's role allows them (InvalidArgument otherwise).
+struct KvTransferRequest {
+  bool remote_decode = false;   // a prefill worker's request: hand the state over
+  bool remote_prefill = false;  // a decode worker's request: continue from a handed-over state
+  std::optional<transfer::TransferDescriptor> descriptor;  // null: nothing travels (short prompt)
+};
+Result<KvTransferRequest> ParseKvTransferParams(const Service::Core& core, const Json& body);
+// Before Generation::Start: asks the engine for the export (prefill), or pulls the state and
+// hands it to the engine (decode; FailedPrecondition when the transfer fails, so that the router
+// retries).
+Status PrepareDisaggregated(Service::Core& core, const KvTransferRequest& kv,
+                            runtime::RequestParams* params);
+// After a prefill worker's generation: holds its exported state for the decode worker; the
+// kv_transfer_params the response carries.
+Result<Json> HoldForRemoteDecode(Service::Core& core, const Generation& generation,
+                                 const runtime::RequestParams& params);
+
+// The APIs without the hand-over (Responses, Anthropic Messages) refuse kv_transfer_params
+// rather than ignore them: true when the 422 was sent.
+bool RefuseKvTransferParams(const Json& body, ResponseSink& sink, ApiFlavor flavor);
+
 // The chat page served at "/".
 std::string_view ChatPageHtml();
 

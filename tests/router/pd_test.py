@@ -1,0 +1,269 @@
+"""Prefill/decode disaggregation behind the real vllm-router (tests/router/pd_run.sh).
+
+One `--role prefill` and two `--role decode` dsinfer workers of the demo model behind
+vllm-router --vllm-pd-disaggregation, and one `--role both` server beside them. Checked, with the
+figures printed:
+  * greedy chat requests (prompts of several lengths, ending at different offsets modulo the
+    128-token page) through the router give the same tokens and bit-identical logprobs as the
+    `--role both` server; both decode workers pulled states (UCX, loopback TCP);
+  * every held state is released after its pull (/metrics: held blobs back to 0, no failures);
+  * a state nobody pulls is released at the prefill worker's --kv-transfer-deadline;
+  * a descriptor pulled twice gets a clear retryable error (503), a malformed one a 400, and a
+    role mismatch a 400.
+Everything binds 127.0.0.1. The last line is "N passed, N failed".
+"""
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+from router_test import Replica, free_port, http, wait_until
+
+MODEL = "dsinfer-demo"
+DEADLINE_S = 3
+
+
+def post(url, body):
+    return http("POST", url, body, timeout=120)
+
+
+class Worker:
+    def __init__(self, args, name, role):
+        self.args, self.name, self.role = args, name, role
+        self.port = free_port()
+        log = open(os.path.join(args.workdir, f"{name}.log"), "w")
+        cmd = [args.dsinfer, "serve", "--model", args.model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--threads", "1", "--max-model-len", "4096",
+               "--served-model-name", MODEL, "--max-num-seqs", "4",
+               "--kv-cache-memory", "1GiB", "--role", role]
+        if role == "prefill":
+            cmd += ["--kv-transfer-deadline", str(DEADLINE_S)]
+        env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self):
+        wait_until(lambda: self.proc.poll() is not None or
+                   http("GET", self.url + "/ready")[0] == 200, 120, f"{self.name} ready")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited; see its log in {self.args.workdir}")
+
+    # The scale-out test's replica helpers: they use only self.url and self.proc.
+    metrics = Replica.metrics
+    stop = Replica.stop
+
+
+def prompts(n):
+    # Chat prompts of growing length: the rendered prompt ends at different offsets modulo the
+    # 128-token page, some inside the first page (the window ring wrapped or not), some past it.
+    words = ["alpha", "beta", "gamma", "delta", "orbit", "river", "stone", "ledger", "vector",
+             "signal", "harbor", "quartz", "meadow", "cipher", "lantern", "summit"]
+    out = []
+    for i in range(n):
+        length = 3 + 29 * i
+        out.append(f"Request {i}: " + " ".join(words[(i * 7 + k) % len(words)]
+                                               for k in range(length)))
+    return out
+
+
+def f32(x):
+    # The engine's logprobs are float32. vllm-router re-serializes the decode worker's JSON and
+    # its float parser (serde_json without float_roundtrip) is sometimes one float64 ulp off, so
+    # answers that went through the router are compared as the float32 they were.
+    return struct.pack("<f", x)
+
+
+def logprob_list(response, exact):
+    conv = (lambda x: x) if exact else f32
+    return [(e["token"], conv(e["logprob"]),
+             [(t["token"], conv(t["logprob"])) for t in e["top_logprobs"]])
+            for e in response["choices"][0]["logprobs"]["content"]]
+
+
+def chat_body(text, max_tokens):
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+            "chat_template_kwargs": {"thinking": False}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsinfer", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=6)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    passed, failed = 0, 0
+
+    def check(ok, what):
+        nonlocal passed, failed
+        print(("PASS " if ok else "FAIL ") + what, flush=True)
+        if ok:
+            passed += 1
+        else:
+            failed += 1
+
+    both = Worker(args, "both", "both")
+    prefill = Worker(args, "prefill", "prefill")
+    decodes = [Worker(args, f"decode{i}", "decode") for i in range(2)]
+    workers = [both, prefill, *decodes]
+    router = None
+    try:
+        for w in workers:
+            w.wait_ready()
+        port = free_port()
+        router_log = open(os.path.join(args.workdir, "vllm-router-pd.log"), "w")
+        cmd = ["vllm-router", "--host", "127.0.0.1", "--port", str(port),
+               "--vllm-pd-disaggregation", "--prefill", prefill.url,
+               "--decode", decodes[0].url, "--decode", decodes[1].url,
+               "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+               "--prometheus-port", str(free_port())]
+        if os.environ.get("ROUTER_DEBUG"):
+            cmd += ["--log-level", "debug"]
+        router = subprocess.Popen(cmd, stdout=router_log, stderr=subprocess.STDOUT)
+        router_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: router.poll() is not None or
+                   http("GET", router_url + "/v1/models")[0] == 200, 60, "vllm-router up")
+        if router.poll() is not None:
+            raise RuntimeError("vllm-router exited; see vllm-router-pd.log")
+
+        # 1. Disaggregated == colocated, bit for bit: through the router (float32 logprobs, see
+        # f32), and handed over by this script as the router does (the exact JSON numbers).
+        texts = prompts(args.requests)
+        mismatches, lengths = [], []
+        t0 = time.time()
+        for i, text in enumerate(texts):
+            body = chat_body(text, args.max_tokens)
+            s1, r1 = post(router_url + "/v1/chat/completions", body)
+            s2, r2 = post(both.url + "/v1/chat/completions", body)
+            prefill_body = chat_body(text, 1)
+            prefill_body["kv_transfer_params"] = {"do_remote_decode": True}
+            s3, r3 = post(prefill.url + "/v1/chat/completions", prefill_body)
+            s4, r4 = 0, ""
+            if s3 == 200:
+                decode_body = dict(body, kv_transfer_params=json.loads(r3)["kv_transfer_params"])
+                s4, r4 = post(decodes[i % 2].url + "/v1/chat/completions", decode_body)
+            if (s1, s2, s3, s4) != (200, 200, 200, 200):
+                mismatches.append(f"request {i}: router {s1} {r1[:300]} / both {s2} {r2[:200]} "
+                                  f"/ prefill {s3} {r3[:200]} / decode {s4} {r4[:200]}")
+                continue
+            a, b, d = json.loads(r1), json.loads(r2), json.loads(r4)
+            lengths.append(b["usage"]["prompt_tokens"])
+            if (logprob_list(a, False) != logprob_list(b, False) or
+                    a["choices"][0]["message"] != b["choices"][0]["message"]):
+                mismatches.append(f"request {i} via the router: {r1[:400]} != {r2[:400]}")
+            if (logprob_list(d, True) != logprob_list(b, True) or
+                    d["choices"][0]["message"] != b["choices"][0]["message"]):
+                mismatches.append(f"request {i} handed over: {r4[:400]} != {r2[:400]}")
+        print(f"  {len(texts)} requests in {time.time() - t0:.1f} s; prompt tokens {lengths}; "
+              f"mod 128 {[n % 128 for n in lengths]}")
+        for m in mismatches[:5]:
+            print("  " + m)
+        check(not mismatches and len(lengths) == len(texts),
+              f"{len(texts)} greedy chat requests, P/D via vllm-router and handed over directly, "
+              "== --role both (tokens, logprobs, top logprobs)")
+        pm = prefill.metrics()
+        dm = [d.metrics() for d in decodes]
+        pulls = [m.get("dsinfer:kv_transfer_pulls_total", 0) for m in dm]
+        pulled_bytes = sum(m.get("dsinfer:kv_transfer_pulled_bytes_total", 0) for m in dm)
+        seconds = sum(m.get("dsinfer:kv_transfer_pull_seconds_total", 0) for m in dm)
+        print(f"  prefill holds {pm.get('dsinfer:kv_transfer_holds_total')}, decode pulls "
+              f"{pulls}, {pulled_bytes / 1e6:.1f} MB in {seconds:.3f} s")
+        check(sum(pulls) == 2 * len(texts) and min(pulls) > 0,
+              "every request's state was pulled, by both decode workers")
+        wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0, 10,
+                   "held blobs released")
+        pm = prefill.metrics()
+        check(pm.get("dsinfer:kv_transfer_released_pulled_total") == 2 * len(texts) and
+              sum(m.get("dsinfer:kv_transfer_pull_failures_total", 0) for m in dm) == 0,
+              "every held state released after its pull, no failed pulls")
+
+        # 1b. A streamed chat request and a /v1/completions request through the router.
+        body = dict(chat_body(texts[3], args.max_tokens), stream=True)
+        s1, r1 = post(router_url + "/v1/chat/completions", body)
+        s2, r2 = post(both.url + "/v1/chat/completions", body)
+
+        def streamed_text(raw):
+            out = ""
+            for line in raw.splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for c in json.loads(line[6:]).get("choices", []):
+                        out += c.get("delta", {}).get("content") or ""
+            return out
+        check(s1 == 200 and s2 == 200 and streamed_text(r1) == streamed_text(r2) != "",
+              f"a streamed chat request via vllm-router P/D == --role both ({s1}, {s2}: "
+              f"{streamed_text(r1)!r})")
+        body = {"model": MODEL, "prompt": texts[4], "max_tokens": args.max_tokens,
+                "temperature": 0, "logprobs": 2}
+        s1, r1 = post(router_url + "/v1/completions", body)
+        s2, r2 = post(both.url + "/v1/completions", body)
+        same = False
+        if s1 == 200 and s2 == 200:
+            a, b = json.loads(r1)["choices"][0], json.loads(r2)["choices"][0]
+            same = (a["text"] == b["text"] and a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+                    and [f32(x) for x in a["logprobs"]["token_logprobs"]] ==
+                    [f32(x) for x in b["logprobs"]["token_logprobs"]])
+        check(same, f"a /v1/completions request via vllm-router P/D == --role both ({s1}, {s2}: "
+              f"{r1[:200]})")
+        pulls_now = sum(d.metrics().get("dsinfer:kv_transfer_pulls_total", 0) for d in decodes)
+        check(pulls_now == sum(pulls) + 2, "both went through the hand-over (2 more pulls)")
+
+        # 2. A state nobody pulls is released at the deadline.
+        wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0, 10,
+                   "held blobs released")
+        body = chat_body(texts[1], 1)
+        body["kv_transfer_params"] = {"do_remote_decode": True}
+        s, r = post(prefill.url + "/v1/chat/completions", body)
+        params = json.loads(r).get("kv_transfer_params") if s == 200 else None
+        check(s == 200 and params and params.get("do_remote_prefill") is True and
+              params.get("dsinfer_transfer"), f"the prefill worker answers kv_transfer_params ({s})")
+        held = prefill.metrics().get("dsinfer:kv_transfer_held_blobs")
+        wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0,
+                   DEADLINE_S + 5, "the unpulled blob released")
+        pm = prefill.metrics()
+        check(held == 1 and pm.get("dsinfer:kv_transfer_released_deadline_total") == 1,
+              f"an unpulled state is released at the {DEADLINE_S} s deadline")
+
+        # 3. Pulled twice, malformed, wrong role: clear errors.
+        body = chat_body(texts[2], 1)
+        body["kv_transfer_params"] = {"do_remote_decode": True}
+        s, r = post(prefill.url + "/v1/chat/completions", body)
+        params = json.loads(r)["kv_transfer_params"]
+        decode_body = chat_body(texts[2], 3)
+        decode_body["kv_transfer_params"] = params
+        s1, _ = post(decodes[0].url + "/v1/chat/completions", decode_body)
+        s2, r2 = post(decodes[1].url + "/v1/chat/completions", decode_body)
+        check(s1 == 200 and s2 == 503 and "no longer holds" in r2,
+              f"a descriptor pulled twice: 200 then 503 ({s1}, {s2}: {r2[:160]})")
+        bad = json.loads(json.dumps(decode_body))
+        bad["kv_transfer_params"]["dsinfer_transfer"]["rkey"] = "not hex"
+        s3, r3 = post(decodes[0].url + "/v1/chat/completions", bad)
+        check(s3 == 400 and "rkey" in r3, f"a malformed descriptor: 400 ({s3}: {r3[:160]})")
+        s4, r4 = post(both.url + "/v1/chat/completions", decode_body)
+        check(s4 == 400 and "--role both" in r4, f"a role mismatch: 400 ({s4}: {r4[:160]})")
+        s5, r5 = post(decodes[0].url + "/v1/responses",
+                      {"model": MODEL, "input": "hi", "max_output_tokens": 2,
+                       "kv_transfer_params": params})
+        check(s5 == 422 and "kv_transfer_params" in r5,
+              f"an API without the hand-over refuses kv_transfer_params: 422 ({s5}: {r5[:160]})")
+    finally:
+        if router is not None and router.poll() is None:
+            router.terminate()
+            router.wait(timeout=20)
+        for w in workers:
+            w.stop()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
