@@ -212,45 +212,34 @@ def test_thinking_stays_free_and_the_answer_follows_the_schema(oai, model):
 
 
 def test_regex_choice_and_ebnf():
+    def chat(seed, constraint):
+        return "/v1/chat/completions", dict(
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60, "seed": seed,
+             "temperature": 1.0, "chat_template_kwargs": {"thinking": False}}, **constraint)
+
+    def completion(seed, constraint):
+        return "/v1/completions", dict(
+            {"prompt": "answer:", "max_tokens": 60, "seed": seed, "temperature": 1.0}, **constraint)
+
+    tuple_grammar = 'root ::= "(" num ("," num)* ")"\nnum ::= [0-9] [0-9]?'
+    kinds = [
+        (completion, {"structured_outputs": {"regex": "[a-c]{2,5}-[0-9]{1,3}"}},
+         lambda t: re.fullmatch(r"[a-c]{2,5}-[0-9]{1,3}", t)),
+        (chat, {"guided_choice": ["alpha", "beta", "gamma delta"]},
+         lambda t: t in ("alpha", "beta", "gamma delta")),
+        (completion, {"guided_grammar": tuple_grammar},
+         lambda t: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", t)),
+        (chat, {"regex": "(yes|no), [0-9]{2}"},  # SGLang's spelling
+         lambda t: re.fullmatch(r"(yes|no), [0-9]{2}", t)),
+        (chat, {"ebnf": 'root ::= "go " dir\ndir ::= "left" | "right"'},  # SGLang's spelling
+         lambda t: t in ("go left", "go right")),
+        (completion, {"guided_regex": "[A-Z]{3}[0-9]?"},
+         lambda t: re.fullmatch(r"[A-Z]{3}[0-9]?", t)),
+    ]
     cases = []
     for seed in range(24):
-        kind = seed % 6
-        if kind == 0:
-            cases.append(("/v1/completions", {"prompt": "id:", "max_tokens": 40, "seed": seed,
-                                              "temperature": 1.0,
-                                              "structured_outputs": {"regex": "[a-c]{2,5}-[0-9]{1,3}"}},
-                          lambda t: re.fullmatch(r"[a-c]{2,5}-[0-9]{1,3}", t)))
-        elif kind == 1:
-            cases.append(("/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": "pick"}], "max_tokens": 40,
-                           "seed": seed, "temperature": 1.0,
-                           "chat_template_kwargs": {"thinking": False},
-                           "guided_choice": ["alpha", "beta", "gamma delta"]},
-                          lambda t: t in ("alpha", "beta", "gamma delta")))
-        elif kind == 2:
-            grammar = 'root ::= "(" num ("," num)* ")"\nnum ::= [0-9] [0-9]?'
-            cases.append(("/v1/completions", {"prompt": "tuple:", "max_tokens": 60, "seed": seed,
-                                              "temperature": 1.0, "guided_grammar": grammar},
-                          lambda t: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", t)))
-        elif kind == 3:
-            cases.append(("/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": "x"}], "max_tokens": 40,
-                           "seed": seed, "temperature": 1.0,
-                           "chat_template_kwargs": {"thinking": False},
-                           "regex": "(yes|no), [0-9]{2}"},  # SGLang's spelling
-                          lambda t: re.fullmatch(r"(yes|no), [0-9]{2}", t)))
-        elif kind == 4:
-            cases.append(("/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60,
-                           "seed": seed, "temperature": 1.0,
-                           "chat_template_kwargs": {"thinking": False},
-                           "ebnf": 'root ::= "go " dir\ndir ::= "left" | "right"'},
-                          lambda t: t in ("go left", "go right")))
-        else:
-            cases.append(("/v1/completions", {"prompt": "ans:", "max_tokens": 40, "seed": seed,
-                                              "temperature": 1.0,
-                                              "guided_regex": "[A-Z]{3}[0-9]?"},
-                          lambda t: re.fullmatch(r"[A-Z]{3}[0-9]?", t)))
+        make, constraint, check = kinds[seed % len(kinds)]
+        cases.append(make(seed, constraint) + (check,))
 
     def run(case):
         path, body, check = case
