@@ -71,15 +71,31 @@ struct SchemaWalk {
   const Limits& limits;
   size_t enum_values = 0;
 
-  Status Walk(const Json& node, int depth) {
+  // nested: the product of the repetition counts of the schemas enclosing `node`.
+  Status Walk(const Json& node, int depth, int64_t nested) {
     if (depth > limits.max_json_depth)
       return InvalidArgument("schema nests deeper than " + std::to_string(limits.max_json_depth) +
                              " levels");
     if (node.is_array()) {
-      for (const Json& item : node) DSINFER_RETURN_IF_ERROR(Walk(item, depth + 1));
+      for (const Json& item : node) DSINFER_RETURN_IF_ERROR(Walk(item, depth + 1, nested));
       return Status::Ok();
     }
     if (!node.is_object()) return Status::Ok();
+    int64_t count = 1;  // this schema's largest repetition count
+    for (const auto& [key, value] : node.items())
+      for (const char* keyword : kRepetitionKeywords) {
+        if (key != keyword || !value.is_number()) continue;
+        if (value.get<double>() > static_cast<double>(limits.max_repetition))
+          return InvalidArgument("schema " + key + " is over " +
+                                 std::to_string(limits.max_repetition));
+        if (value.get<double>() >= 1) count = std::max(count, value.get<int64_t>());
+      }
+    nested *= count;  // at most 2^16 * 1024: no overflow
+    if (nested > limits.max_nested_repetition)
+      return InvalidArgument(
+          "schema's nested repetition counts (maxItems, maxLength, ...) "
+          "multiply to more than " +
+          std::to_string(limits.max_nested_repetition));
     for (const auto& [key, value] : node.items()) {
       if (key == "enum" && value.is_array()) enum_values += value.size();
       if (key == "const") ++enum_values;
@@ -87,12 +103,7 @@ struct SchemaWalk {
           LargestRegexCount(value.get<std::string>()) > limits.max_repetition)
         return InvalidArgument("schema pattern repeats more than " +
                                std::to_string(limits.max_repetition) + " times");
-      for (const char* keyword : kRepetitionKeywords)
-        if (key == keyword && value.is_number() &&
-            value.get<double>() > static_cast<double>(limits.max_repetition))
-          return InvalidArgument("schema " + key + " is over " +
-                                 std::to_string(limits.max_repetition));
-      DSINFER_RETURN_IF_ERROR(Walk(value, depth + 1));
+      DSINFER_RETURN_IF_ERROR(Walk(value, depth + 1, nested));
     }
     if (enum_values > limits.max_enum_values)
       return InvalidArgument("schema has more than " + std::to_string(limits.max_enum_values) +
@@ -150,7 +161,7 @@ Status CheckLimits(const GrammarSpec& spec, const Limits& limits) {
       if (schema.is_discarded()) return InvalidArgument("json_schema is not valid JSON");
       if (!schema.is_object() && !schema.is_boolean())
         return InvalidArgument("json_schema must be a JSON object");
-      return SchemaWalk{limits}.Walk(schema, 0);
+      return SchemaWalk{limits}.Walk(schema, 0, 1);
     }
     case GrammarKind::kJsonObject:
       return Status::Ok();

@@ -53,6 +53,9 @@ struct Limits {
   size_t max_choices = 256;           // guided_choice entries
   size_t max_choice_bytes = 1024;     // each choice
   int64_t max_repetition = 1024;      // {n,m} counts in a regex, minItems/maxItems/...Length
+  // The product of those counts along a schema's nesting (an array of 999 arrays of 999
+  // strings of 999 characters compiles for seconds): a bound on what one schema unrolls.
+  int64_t max_nested_repetition = 1 << 16;
   int64_t cache_bytes = 256ll << 20;  // compiled grammars kept (least recently used dropped)
 };
 
