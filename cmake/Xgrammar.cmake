@@ -1,6 +1,6 @@
 # xgrammar's C++ core (Apache-2.0), the grammar engine behind structured outputs (src/grammar).
-# scripts/install-deps.sh fetches its PyPI source distribution into a cache outside the source
-# tree; this extracts it into the build tree (sha256 checked again) and builds the static
+# scripts/install-deps.sh fetches its PyPI source distribution into the ignored .deps/ (or
+# $DSINFER_DEPS_CACHE); this extracts it into the build tree (sha256 checked again) and builds the static
 # library from its C++ sources alone: no Python/nanobind/TVM-FFI bindings, no tests. Its own
 # warning flags are not ours (it is not linked to dsinfer_options: third-party code is not held
 # to -Werror or instrumented by the sanitizer build).
@@ -8,10 +8,8 @@ set(DSINFER_XGRAMMAR_VERSION 0.2.8)
 set(DSINFER_XGRAMMAR_SHA256 8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80)
 if(DEFINED ENV{DSINFER_DEPS_CACHE})
   set(dsinfer_deps_cache $ENV{DSINFER_DEPS_CACHE})
-elseif(DEFINED ENV{XDG_CACHE_HOME})
-  set(dsinfer_deps_cache $ENV{XDG_CACHE_HOME}/dsinfer)
 else()
-  set(dsinfer_deps_cache $ENV{HOME}/.cache/dsinfer)
+  set(dsinfer_deps_cache ${PROJECT_SOURCE_DIR}/.deps)
 endif()
 set(DSINFER_XGRAMMAR_ARCHIVE ${dsinfer_deps_cache}/xgrammar-${DSINFER_XGRAMMAR_VERSION}.tar.gz
     CACHE FILEPATH "xgrammar's PyPI sdist (scripts/install-deps.sh fetches it)")

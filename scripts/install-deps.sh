@@ -23,11 +23,13 @@ if ((${#missing[@]} > 0)); then
 fi
 # xgrammar's C++ core (the structured-output grammar engine, src/grammar) from its PyPI source
 # distribution, pinned by version and sha256; cmake/Xgrammar.cmake builds its static library
-# from this archive (without the Python bindings). Cached outside the source tree, fetched once.
+# from this archive (without the Python bindings). Cached in the ignored .deps/ (a machine without
+# network, e.g. a GPU box, gets it with the tree) or $DSINFER_DEPS_CACHE; fetched once.
 xgrammar_version=0.2.8
 xgrammar_sha256=8305646fd2b319d6c3003f51a1665e54cbbe9cba1fb636bc41d0b46434ccbb80
 xgrammar_url=https://files.pythonhosted.org/packages/03/0f/29f521535729be740779c2c98b630ef6607cf28be9b669895dd2b821ff63/xgrammar-$xgrammar_version.tar.gz
-cache="${DSINFER_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsinfer}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cache="${DSINFER_DEPS_CACHE:-$root/.deps}"
 archive="$cache/xgrammar-$xgrammar_version.tar.gz"
 if ! echo "$xgrammar_sha256  $archive" | sha256sum -c --status 2>/dev/null; then
   mkdir -p "$cache"
