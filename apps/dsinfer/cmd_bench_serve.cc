@@ -73,7 +73,10 @@ int RunBenchServe(int argc, char** argv) {
       "[--prompts FILE.jsonl] [--input-len LEN] [--output-len LEN] [--vocab N] "
       "[--concurrency 1,4,16 | --request-rate R] "
       "[--seed S] [--temperature T] [--endpoint completions|chat] [--slo ttft=MS,tpot=MS,e2e=MS] "
-      "[--output-json FILE] [--csv FILE] [--plot-dir DIR] [--timeout S]\n"
+      "[--extra-body JSON] [--output-json FILE] [--csv FILE] [--plot-dir DIR] [--timeout S]\n"
+      "  --extra-body: a JSON object of fields every request also carries, e.g. a "
+      "structured-output "
+      "constraint\n"
       "  LEN: N | uniform:LO:HI | normal:MEAN:STD (per request, seeded, clipped to >= 1)\n"
       "  --prompts: one {\"prompt\": ...} or {\"messages\": [...]} per line, optional "
       "\"max_tokens\"";
@@ -81,7 +84,7 @@ int RunBenchServe(int argc, char** argv) {
   if (!args.Parse(argc, argv,
                   {"url", "api-key", "model", "num-prompts", "prompts", "input-len", "output-len",
                    "vocab", "concurrency", "request-rate", "seed", "temperature", "endpoint", "slo",
-                   "output-json", "csv", "plot-dir", "timeout"},
+                   "output-json", "csv", "plot-dir", "timeout", "extra-body"},
                   {}) ||
       !args.Has("url")) {
     std::fprintf(stderr, "%s\nusage: %s\n", args.error().c_str(), usage);
@@ -126,6 +129,13 @@ int RunBenchServe(int argc, char** argv) {
     }
     cfg.workload.prompts = std::move(*prompts);
     cfg.workload.prompts_source = path;
+  }
+  if (args.Has("extra-body")) {
+    cfg.workload.extra_body_json = *args.Get("extra-body");
+    if (Status st = measure::CheckExtraBody(cfg.workload.extra_body_json); !st.ok()) {
+      std::fprintf(stderr, "bench serve: --extra-body: %s\n", st.message().c_str());
+      return 2;
+    }
   }
   if (args.Has("vocab") && args.GetInt("vocab", &n)) cfg.workload.vocab_hint = static_cast<int>(n);
   if (args.Has("seed") && args.GetInt("seed", &n)) cfg.workload.seed = static_cast<uint64_t>(n);

@@ -414,6 +414,8 @@ int RunServe(int argc, char** argv) {
   info.max_num_seqs = engine_options.max_num_seqs;
   info.max_num_batched_tokens = engine_options.max_num_batched_tokens;
   info.max_queue = engine_options.max_queue;
+  info.vocab_size = static_cast<int32_t>(weights->config().vocab_size);
+  info.eos_token_id = weights->config().eos_token_id;
   service.Attach(&port_adapter, &*tokenizer, info);
 
   bool announced_ready = false;

@@ -327,6 +327,8 @@ std::string ConfigJson(const LoadConfig& cfg, const std::string& url_text,
       {"temperature", w.temperature},
       {"request_rate", cfg.request_rate},
       {"slo_ms", {{"ttft", cfg.slo_ttft_ms}, {"tpot", cfg.slo_tpot_ms}, {"e2e", cfg.slo_e2e_ms}}}};
+  if (!w.extra_body_json.empty())
+    j["extra_body"] = Json::parse(w.extra_body_json, nullptr, /*allow_exceptions=*/false);
   if (!w.prompts_source.empty()) {
     j["prompts_file"] = w.prompts_source;
     j["prompts_in_file"] = w.prompts.size();

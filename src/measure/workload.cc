@@ -140,6 +140,12 @@ Result<std::vector<PromptEntry>> ParsePromptsJsonl(const std::string& text,
   return entries;
 }
 
+Status CheckExtraBody(const std::string& text) {
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("not a JSON object");
+  return Status::Ok();
+}
+
 RequestPlan PlanRequest(const WorkloadConfig& cfg, int level, int index, int num_prompts) {
   std::mt19937_64 rng(RequestSeed(cfg.seed, level, index));
   RequestPlan plan;
@@ -187,6 +193,12 @@ RequestPlan PlanRequest(const WorkloadConfig& cfg, int level, int index, int num
     }
   }
   body["max_tokens"] = max_tokens;
+  if (!cfg.extra_body_json.empty()) {
+    // CheckExtraBody made sure it is an object.
+    const Json extra = Json::parse(cfg.extra_body_json, nullptr, /*allow_exceptions=*/false);
+    if (extra.is_object())
+      for (const auto& [key, value] : extra.items()) body[key] = value;
+  }
   plan.body = body.dump();
   return plan;
 }

@@ -52,7 +52,14 @@ struct WorkloadConfig {
   double temperature = 0.0;
   std::vector<PromptEntry> prompts;  // non-empty: requests take these instead of synthetic ones
   std::string prompts_source;        // the prompts file's path, for the report
+  // A JSON object whose fields every request also carries (e.g. a structured-output constraint:
+  // {"response_format": {...}}), set over the generated ones; "" for none. CheckExtraBody checks
+  // it.
+  std::string extra_body_json;
 };
+
+// --extra-body: InvalidArgument unless `text` is a JSON object.
+Status CheckExtraBody(const std::string& text);
 
 struct RequestPlan {
   bool chat = false;

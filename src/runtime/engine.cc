@@ -273,6 +273,7 @@ void Engine::Impl::TakeIncoming() {
     s->req = req;
     s->tokens = req->params.prompt;
     s->n_prompt = static_cast<int64_t>(req->params.prompt.size());
+    TakeMatcher(*s, 0);
     req->n_live = req->params.n;
     req->usage.prompt_tokens = s->n_prompt;
     const Status added = scheduler.Add({.id = s->id,
@@ -401,6 +402,25 @@ Result<std::shared_ptr<RequestStream>> Engine::Submit(RequestParams params) {
           "prompt_logprobs cannot be computed for a prompt prefilled on another worker");
   }
   auto req = std::make_shared<Request>();
+  if (params.grammar != nullptr) {
+    // The samples' matchers are made here, on the caller's thread: the engine thread only steps.
+    if (params.grammar_after_token >= impl_->weights.config().vocab_size)
+      return InvalidArgument("grammar_after_token is outside the vocabulary");
+    for (int i = 0; i < params.n; ++i) {
+      DSINFER_ASSIGN_OR_RETURN(auto matcher, grammar::Matcher::Create(params.grammar));
+      if (matcher->vocab_size() != impl_->weights.config().vocab_size)
+        return InvalidArgument("the grammar was compiled for " +
+                               std::to_string(matcher->vocab_size()) + " tokens, the model has " +
+                               std::to_string(impl_->weights.config().vocab_size));
+      req->matchers.push_back(std::move(matcher));
+    }
+    // A grammar no output can satisfy (a schema that only refers to itself, say) is refused
+    // here rather than failing at its first draw. bitmask: [BitmaskWords(vocab)] u32.
+    std::vector<uint32_t> bitmask(grammar::BitmaskWords(impl_->weights.config().vocab_size));
+    DSINFER_RETURN_IF_ERROR(req->matchers[0]->FillNextTokenBitmask(bitmask));
+    if (std::all_of(bitmask.begin(), bitmask.end(), [](uint32_t w) { return w == 0; }))
+      return InvalidArgument("the grammar matches no output");
+  }
   if (params.request_id.empty()) {
     static_assert(sizeof(uintptr_t) <= 8);
     params.request_id = "req-" + std::to_string(reinterpret_cast<uintptr_t>(req.get()));

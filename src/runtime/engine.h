@@ -23,6 +23,7 @@
 #include "backend/model_runner.h"
 #include "backend/numerics.h"
 #include "core/status.h"
+#include "grammar/grammar.h"
 #include "model/weights.h"
 #include "runtime/kv_store.h"
 #include "runtime/prefix_cache.h"
@@ -59,6 +60,16 @@ struct RequestParams {
   // instead of computing those positions (refused, and the request failed, when it is not a
   // state of those tokens under this model, numerics and layout).
   std::shared_ptr<const std::vector<uint8_t>> imported_state;
+  // Structured output (null: none): every generated token must follow this grammar, compiled by
+  // the server against this model's vocabulary (grammar::Compiler). Each sample gets its own
+  // matcher; the logits are masked before each draw (greedy or sampled); the sample finishes with
+  // kStop when the grammar is complete and its stop token (EOS) drawn, or kLength. Logprobs stay
+  // those of the raw distribution, as vLLM's default logprobs_mode (raw_logprobs) reports.
+  // Constrained samples are not drafted for (speculative decoding is off for them).
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // The grammar applies from the token after this one (the reasoning's closing </think>): what
+  // comes before is free. -1: from the first generated token.
+  int32_t grammar_after_token = -1;
 };
 
 struct TokenLogprob {

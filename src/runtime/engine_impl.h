@@ -43,6 +43,9 @@ struct Request {
   bool exported = false;
   std::shared_ptr<const std::vector<uint8_t>> exported_state;
   Status export_status;
+  // RequestParams::grammar's matchers, one per sample (made by Submit), taken by the samples'
+  // sequences as they are created.
+  std::vector<std::unique_ptr<grammar::Matcher>> matchers;
 };
 
 // One sample of a request (n > 1 forks after the prompt).
@@ -60,10 +63,16 @@ struct Sequence {
   // distribution each was drawn from (the sampler's transform of the MTP logits).
   std::vector<int32_t> drafts;
   std::vector<TokenDistribution> draft_dists;
+  // Structured output: the sample's grammar position (null: unconstrained), and whether the
+  // grammar applies yet (RequestParams::grammar_after_token seen, or none to wait for).
+  std::unique_ptr<grammar::Matcher> matcher;
+  bool grammar_active = false;
+  bool constrained() const { return matcher != nullptr && grammar_active; }
 };
 
 // The token a sequence draws from a step's logits, and its logprobs when asked for.
 struct Draw {
+  Status error;  // non-ok: no token (the grammar's mask failed); the sequence fails with it
   int32_t token = 0;
   bool has_logprob = false;
   TokenLogprob logprob;
@@ -207,6 +216,8 @@ struct Engine::Impl {
   Draw DrawOf(const Sequence& s, std::span<const float> raw, int32_t token) const;
   // The logprob of prompt token `position + 1` from the logits at `position` (also pure).
   TokenLogprob PromptLogprob(const Sequence& s, int64_t position, std::span<const float> raw) const;
+  // Gives s its sample's grammar matcher (RequestParams::grammar), if the request has one.
+  static void TakeMatcher(Sequence& s, int index);
   // A new event of s's stream (the request's first one carries the prompt logprobs).
   StreamEvent NewEvent(Sequence& s);
   // The draw's token into s's stream and state: stop and length checks, usage, finishing.

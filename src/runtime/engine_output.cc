@@ -2,6 +2,7 @@
 // computed on the runner's idle threads as pure functions of their sequence, then applied on the
 // engine thread in batch order: n > 1 forks, stop and length checks, usage, stream events.
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/engine_impl.h"
 
@@ -61,6 +62,7 @@ void Engine::Impl::Sample(Sequence& s, std::span<const float> raw) {
       copy->tokens = s.tokens;
       copy->n_prompt = s.n_prompt;
       copy->forked = true;
+      TakeMatcher(*copy, i);
       Sequence& c = *copy;
       seqs.emplace(c.id, std::move(copy));
       forks.emplace_back(c.id, s.id);
@@ -92,8 +94,33 @@ SamplingParams Engine::Impl::SamplerOf(const Sequence& s) const {
   return sp;
 }
 
+void Engine::Impl::TakeMatcher(Sequence& s, int index) {
+  auto& matchers = s.req->matchers;
+  if (index >= static_cast<int>(matchers.size()) || matchers[index] == nullptr) return;
+  s.matcher = std::move(matchers[index]);
+  s.grammar_active = s.req->params.grammar_after_token < 0;
+}
+
 engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
-  const std::vector<float> logits = AdjustedLogits(s, raw, s.generated);
+  std::vector<float> logits = AdjustedLogits(s, raw, s.generated);
+  if (s.constrained()) {
+    // bitmask: [BitmaskWords(vocab)] u32, the tokens the grammar allows next.
+    std::vector<uint32_t> bitmask(grammar::BitmaskWords(static_cast<int32_t>(raw.size())));
+    if (Status st = s.matcher->FillNextTokenBitmask(bitmask); !st.ok()) return {.error = st};
+    std::vector<float> masked = logits;
+    grammar::ApplyBitmask(masked, bitmask);
+    // The grammar wins over min_tokens bans and -inf logit biases: when they leave no token it
+    // allows, its tokens are drawn from the unadjusted logits (the output must stay valid).
+    const auto finite = [](const std::vector<float>& v) {
+      return std::any_of(v.begin(), v.end(), [](float x) { return x > -HUGE_VALF; });
+    };
+    if (!finite(masked)) {
+      masked.assign(raw.begin(), raw.end());
+      grammar::ApplyBitmask(masked, bitmask);
+      if (!finite(masked)) return {.error = Internal("the grammar allows no token")};
+    }
+    logits = std::move(masked);
+  }
   return DrawOf(s, raw, runtime::Sample(logits, SamplerOf(s), s.generated.size()));
 }
 
@@ -126,10 +153,22 @@ void Engine::Impl::Emit(Sequence& s, Draw draw) {
   const RequestParams& p = s.req->params;
   const int eos = weights.config().eos_token_id;
   const int32_t tok = draw.token;
+  if (!draw.error.ok()) return Finish(s, FinishReason::kError, std::move(draw.error));
+  bool grammar_done = false;
+  if (s.constrained()) {
+    // The token came from the grammar's mask, so the matcher takes it; if it does not, the
+    // output would leave the grammar: the sample fails instead of emitting it.
+    if (!s.matcher->AcceptToken(tok))
+      return Finish(s, FinishReason::kError,
+                    Internal("token " + std::to_string(tok) + " is outside the grammar"));
+    grammar_done = s.matcher->IsTerminated();  // its stop token (EOS) after a complete output
+  } else if (s.matcher != nullptr && tok == p.grammar_after_token) {
+    s.grammar_active = true;  // the reasoning ended: the grammar applies from the next token
+  }
 
   StreamEvent ev = NewEvent(s);
   bool is_stop =
-      (!p.ignore_eos && tok == eos) ||
+      grammar_done || (!p.ignore_eos && tok == eos) ||
       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
   s.req->usage.completion_tokens++;
   ++generation_tokens;

@@ -112,7 +112,9 @@ void Engine::Impl::AdvanceDrafts(std::span<const DraftJob> jobs) {
     // Drafts only while waiting for the next token, and no more than can still be emitted.
     const RequestParams& p = s.req->params;
     int64_t want = 0;
-    if (n_context == n + 1) {
+    // A sample with a grammar is not drafted for: its drafts would need the grammar's mask at
+    // every draft position (and a rollback of the matcher on rejection).
+    if (n_context == n + 1 && s.matcher == nullptr) {
       want = std::min<int64_t>(options.speculative_tokens,
                                p.max_tokens - static_cast<int64_t>(s.generated.size()) - 1);
       if (options.max_model_len > 0) want = std::min(want, options.max_model_len - n_context - 1);

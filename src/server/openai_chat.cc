@@ -2,6 +2,7 @@
 // prompt_cache_hit_tokens / prompt_cache_miss_tokens, finish_reason "aborted"). Stream shape:
 // serving-protocols.md §2.5 "Chat Completions stream" and §3.2.
 #include "server/openai_result.h"
+#include "server/structured_output.h"
 #include "text/chat_json.h"
 
 namespace dsinfer::server {
@@ -203,14 +204,14 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
   auto chat =
       text::ChatRequestFromJsonValue(*body, core.model.version, core.options.default_thinking);
   if (!chat.ok()) return SendError(sink, FromStatus(chat.status()), flavor);
-  if (chat->response_format.type == text::ResponseFormatType::kRegex)
-    return SendError(sink, Unsupported("response_format regex is not supported", "response_format"),
-                     flavor);
   auto encoded = core.EncodeChat(*chat);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
   auto resolved_max =
       core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
+
+  Status structured = AttachStructuredOutput(core, *body, encoded->thinking, &spec);
+  if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("chatcmpl-");
   spec.params.prompt = std::move(encoded->ids);

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "server/openai_result.h"
+#include "server/structured_output.h"
 
 namespace dsinfer::server {
 
@@ -286,6 +287,9 @@ void HandleCompletions(Service::Core& core, const HttpRequest& request, Response
                   : (max_tokens->has_value() ? *max_tokens : std::optional<int64_t>(16)),
       ids->size(), /*default_tokens=*/16);
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
+
+  Status structured = AttachStructuredOutput(core, *body, /*thinking=*/false, &spec);
+  if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("cmpl-");
   CompletionResult::Options options;

@@ -2,6 +2,7 @@
 // streaming events per serving-protocols.md §2.5 "Responses stream" and §3.3. Finished
 // responses are kept in memory for GET /v1/responses/{id}; in-flight ones can be cancelled.
 #include "server/service_core.h"
+#include "server/structured_output.h"
 #include "text/chat_json.h"
 
 namespace dsinfer::server {
@@ -182,7 +183,9 @@ Result<Json> ResponsesToChatJson(const Json& body, text::ModelVersion version) {
     if (type == "json_schema")
       chat["response_format"] = {
           {"type", "json_schema"},
-          {"json_schema", {{"schema", format.value("schema", Json::object())}}}};
+          {"json_schema",
+           {{"schema", format.value("schema", Json::object())},
+            {"strict", format.contains("strict") ? format["strict"] : Json(nullptr)}}}};
     else
       chat["response_format"] = {{"type", type}};
   }
@@ -448,6 +451,9 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
   auto resolved_max =
       core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
+
+  Status structured = AttachStructuredOutput(core, *chat_json, encoded->thinking, &spec);
+  if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("resp_");
   spec.params.prompt = std::move(encoded->ids);

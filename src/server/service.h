@@ -67,6 +67,10 @@ struct ModelInfo {
   int max_num_seqs = 0;        // most sequences in one step
   int max_num_batched_tokens = 0;
   int max_queue = 0;
+  // The model's logits row and end-of-message token, for structured outputs' grammars
+  // (0 / -1: the tokenizer's vocab_size / EOS).
+  int32_t vocab_size = 0;
+  int32_t eos_token_id = -1;
 };
 
 class Service {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "grammar/grammar.h"
 #include "server/generation.h"
 #include "server/service.h"
 #include "text/chat_render.h"
@@ -111,6 +112,12 @@ struct Service::Core {
   // True when `model` names the served model (or is absent). Anthropic clients send claude-*.
   bool KnownModel(const std::optional<std::string>& model, ApiFlavor flavor) const;
   ApiError UnknownModel(const std::string& model) const;
+
+  // Structured outputs' compiler for the served model's vocabulary (its cache of compiled
+  // grammars is keyed by spec), made on first use.
+  Result<grammar::Compiler*> Grammars();
+  std::mutex grammar_mu;
+  std::unique_ptr<grammar::Compiler> grammar_compiler;  // guarded by grammar_mu
 
   // Responses API storage: finished responses by id, and in-flight requests to cancel.
   void StoreResponse(const std::string& id, Json response);

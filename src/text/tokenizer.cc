@@ -419,6 +419,11 @@ bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < vocab_size() && impl_->token_kind[id] == Impl::kSpecial;
 }
 
+bool Tokenizer::IsAddedToken(int32_t id) const {
+  return id >= 0 && id < vocab_size() &&
+         (impl_->token_kind[id] == Impl::kAdded || impl_->token_kind[id] == Impl::kSpecial);
+}
+
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok) : tokenizer_(&tok) {}
 
 std::string StreamingDetokenizer::Next(int32_t id) {

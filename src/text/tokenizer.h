@@ -63,6 +63,9 @@ class Tokenizer {
   // nullptr if `id` names no token.
   const std::string* TokenString(int32_t id) const;
   bool IsSpecial(int32_t id) const;
+  // An added token (special or not: "<think>", the DSML markers, BOS/EOS), not a BPE vocab entry.
+  // Structured outputs never let one stand for its text (the grammar sees it as no text).
+  bool IsAddedToken(int32_t id) const;
 
  private:
   struct Impl;

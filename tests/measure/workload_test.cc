@@ -101,6 +101,18 @@ TEST(Workload, SyntheticPromptsDifferAcrossLevelsAndRequestsAndRepeatPerSeed) {
   }
 }
 
+TEST(Workload, ExtraBodyFieldsRideOnEveryRequestOverTheGeneratedOnes) {
+  WorkloadConfig cfg;
+  cfg.extra_body_json = R"j({"response_format":{"type":"json_object"},"ignore_eos":false})j";
+  const auto body = nlohmann::json::parse(PlanRequest(cfg, 0, 1, 4).body);
+  EXPECT_EQ(body["response_format"]["type"], "json_object");
+  EXPECT_EQ(body["ignore_eos"], false);
+  EXPECT_TRUE(body.contains("prompt"));
+  EXPECT_TRUE(CheckExtraBody(cfg.extra_body_json).ok());
+  EXPECT_FALSE(CheckExtraBody("[1]").ok());
+  EXPECT_FALSE(CheckExtraBody("{oops").ok());
+}
+
 TEST(Workload, SyntheticBodyAsksForAStreamWithUsageAndTheLengths) {
   WorkloadConfig cfg;
   cfg.model = "m";

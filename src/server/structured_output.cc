@@ -1,0 +1,193 @@
+#include "server/structured_output.h"
+
+#include <utility>
+#include <vector>
+
+namespace dsinfer::server {
+namespace {
+
+using grammar::GrammarKind;
+using grammar::GrammarSpec;
+
+Status FieldError(const std::string& field, const std::string& what) {
+  return InvalidArgument(field + ": " + what);
+}
+
+// A JSON Schema given as an object (or boolean), or as its JSON text (vLLM and SGLang accept
+// both).
+Result<GrammarSpec> SchemaSpec(const Json& value, const std::string& field, bool strict) {
+  GrammarSpec spec{.kind = GrammarKind::kJsonSchema, .strict = strict};
+  if (value.is_object() || value.is_boolean())
+    spec.text = Dump(value);
+  else if (value.is_string())
+    spec.text = value.get<std::string>();
+  else
+    return FieldError(field, "must be a JSON Schema object or its JSON text");
+  return spec;
+}
+
+Result<GrammarSpec> StringSpec(const Json& value, const std::string& field, GrammarKind kind) {
+  if (!value.is_string()) return FieldError(field, "must be a string");
+  return GrammarSpec{.kind = kind, .text = value.get<std::string>()};
+}
+
+Result<GrammarSpec> ChoiceSpec(const Json& value, const std::string& field) {
+  if (!value.is_array()) return FieldError(field, "must be an array of strings");
+  GrammarSpec spec{.kind = GrammarKind::kChoice};
+  for (const Json& c : value) {
+    if (!c.is_string()) return FieldError(field, "must be an array of strings");
+    spec.choices.push_back(c.get<std::string>());
+  }
+  return spec;
+}
+
+Result<std::optional<GrammarSpec>> ResponseFormatSpec(const Json& format) {
+  if (!format.is_object()) return FieldError("response_format", "must be an object");
+  DSINFER_ASSIGN_OR_RETURN(std::string type,
+                           StringField(format, "type", "response_format", "text"));
+  if (type == "text") return std::optional<GrammarSpec>();
+  if (type == "json_object") return std::optional<GrammarSpec>(GrammarSpec{});
+  if (type == "json_schema") {
+    auto js = format.find("json_schema");
+    if (js == format.end() || !js->is_object())
+      return FieldError("response_format.json_schema", "missing");
+    auto strict = js->find("strict");
+    if (strict != js->end() && !strict->is_null() && !strict->is_boolean())
+      return FieldError("response_format.json_schema.strict", "must be a boolean");
+    auto schema = js->find("schema");
+    DSINFER_ASSIGN_OR_RETURN(
+        GrammarSpec spec,
+        SchemaSpec(schema == js->end() || schema->is_null() ? Json::object() : *schema,
+                   "response_format.json_schema.schema",
+                   strict != js->end() && strict->is_boolean() && strict->get<bool>()));
+    return std::optional<GrammarSpec>(std::move(spec));
+  }
+  if (type == "regex") {
+    auto regex = format.find("regex");
+    if (regex == format.end()) return FieldError("response_format.regex", "missing");
+    DSINFER_ASSIGN_OR_RETURN(GrammarSpec spec,
+                             StringSpec(*regex, "response_format.regex", GrammarKind::kRegex));
+    return std::optional<GrammarSpec>(std::move(spec));
+  }
+  return FieldError("response_format.type", "unknown value '" + type + "'");
+}
+
+// vLLM's structured_outputs object: exactly one of its constraint keys.
+Result<std::vector<std::pair<std::string, GrammarSpec>>> VllmStructuredOutputs(const Json& so) {
+  if (!so.is_object()) return FieldError("structured_outputs", "must be an object");
+  std::vector<std::pair<std::string, GrammarSpec>> found;
+  for (const auto& [key, value] : so.items()) {
+    if (value.is_null()) continue;
+    const std::string field = "structured_outputs." + key;
+    if (key == "json") {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, SchemaSpec(value, field, /*strict=*/true));
+      found.emplace_back(field, std::move(s));
+    } else if (key == "regex") {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, StringSpec(value, field, GrammarKind::kRegex));
+      found.emplace_back(field, std::move(s));
+    } else if (key == "choice") {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, ChoiceSpec(value, field));
+      found.emplace_back(field, std::move(s));
+    } else if (key == "grammar") {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, StringSpec(value, field, GrammarKind::kEbnf));
+      found.emplace_back(field, std::move(s));
+    } else if (key == "json_object") {
+      if (!value.is_boolean()) return FieldError(field, "must be a boolean");
+      if (value.get<bool>()) found.emplace_back(field, GrammarSpec{});
+    } else {
+      // structural_tag, whitespace_pattern, backend options...: refused, not ignored.
+      return FieldError(field, "is not supported (json, regex, choice, grammar, json_object are)");
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+Result<std::optional<GrammarSpec>> StructuredOutputSpec(const Json& body) {
+  std::vector<std::pair<std::string, GrammarSpec>> found;
+  auto present = [&](const char* key) -> const Json* {
+    auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const Json* format = present("response_format")) {
+    DSINFER_ASSIGN_OR_RETURN(auto spec, ResponseFormatSpec(*format));
+    if (spec) found.emplace_back("response_format", std::move(*spec));
+  }
+  if (const Json* so = present("structured_outputs")) {
+    DSINFER_ASSIGN_OR_RETURN(auto specs, VllmStructuredOutputs(*so));
+    for (auto& s : specs) found.push_back(std::move(s));
+  }
+  // vLLM's older guided_* fields and SGLang's json_schema / regex / ebnf.
+  if (const Json* v = present("guided_json")) {
+    DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, SchemaSpec(*v, "guided_json", true));
+    found.emplace_back("guided_json", std::move(s));
+  }
+  if (const Json* v = present("json_schema")) {
+    DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, SchemaSpec(*v, "json_schema", true));
+    found.emplace_back("json_schema", std::move(s));
+  }
+  for (const char* key : {"guided_regex", "regex"})
+    if (const Json* v = present(key)) {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, StringSpec(*v, key, GrammarKind::kRegex));
+      found.emplace_back(key, std::move(s));
+    }
+  for (const char* key : {"guided_grammar", "ebnf"})
+    if (const Json* v = present(key)) {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, StringSpec(*v, key, GrammarKind::kEbnf));
+      found.emplace_back(key, std::move(s));
+    }
+  if (const Json* v = present("guided_choice")) {
+    DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, ChoiceSpec(*v, "guided_choice"));
+    found.emplace_back("guided_choice", std::move(s));
+  }
+  if (found.empty()) return std::optional<GrammarSpec>();
+  if (found.size() > 1)
+    return InvalidArgument("only one structured output constraint may be given; got " +
+                           found[0].first + " and " + found[1].first);
+  return std::optional<GrammarSpec>(std::move(found[0].second));
+}
+
+grammar::Vocabulary GrammarVocabulary(const text::Tokenizer& tokenizer, int32_t vocab_size,
+                                      int32_t eos_token_id) {
+  grammar::Vocabulary v;
+  const int32_t n = std::min(tokenizer.vocab_size(), vocab_size);
+  v.token_bytes.resize(n);
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string* bytes = tokenizer.TokenBytes(id);
+    if (bytes != nullptr && !tokenizer.IsAddedToken(id)) v.token_bytes[id] = *bytes;
+  }
+  v.vocab_size = vocab_size;
+  if (eos_token_id >= 0 && eos_token_id < vocab_size) v.stop_token_ids = {eos_token_id};
+  return v;
+}
+
+Status AttachStructuredOutput(Service::Core& core, const Json& body, bool thinking,
+                              GenerationSpec* spec) {
+  DSINFER_ASSIGN_OR_RETURN(std::optional<GrammarSpec> wanted, StructuredOutputSpec(body));
+  if (!wanted) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(grammar::Compiler * compiler, core.Grammars());
+  DSINFER_ASSIGN_OR_RETURN(spec->params.grammar, compiler->Compile(*wanted));
+  spec->params.grammar_after_token = -1;
+  if (thinking) {
+    const std::optional<int32_t> think_end = core.tokenizer->TokenId("</think>");
+    if (!think_end) return Internal("structured output with thinking: no </think> token");
+    spec->params.grammar_after_token = *think_end;
+  }
+  return Status::Ok();
+}
+
+Result<grammar::Compiler*> Service::Core::Grammars() {
+  std::lock_guard<std::mutex> lock(grammar_mu);
+  if (grammar_compiler == nullptr) {
+    if (tokenizer == nullptr) return FailedPrecondition("no tokenizer attached");
+    const int32_t vocab = model.vocab_size > 0 ? model.vocab_size : tokenizer->vocab_size();
+    const int32_t eos =
+        model.eos_token_id >= 0 ? model.eos_token_id : tokenizer->eos_id().value_or(-1);
+    DSINFER_ASSIGN_OR_RETURN(grammar_compiler,
+                             grammar::Compiler::Create(GrammarVocabulary(*tokenizer, vocab, eos)));
+  }
+  return grammar_compiler.get();
+}
+
+}  // namespace dsinfer::server

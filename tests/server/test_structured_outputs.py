@@ -1,0 +1,292 @@
+"""Structured outputs end to end on the random-weight demo model, with sampling: generated JSON
+schemas (nested objects, arrays with minItems/maxItems, enums, patterns, numeric bounds, anyOf,
+$ref, required/optional) through every API spelling; every completed output validates with
+jsonschema, every cut one says finish_reason "length". Regex / choice / EBNF likewise, the
+openai SDK's parse() with a pydantic model, and the 400s of invalid specs."""
+import json
+import random
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Literal, Optional
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from conftest import KEY, URL, http
+
+N_SCHEMAS = 320
+CONCURRENCY = 16
+MAX_TOKENS = 96
+
+
+def post(path, body, timeout=300):
+    r = http("POST", path, body, key=KEY, timeout=timeout)
+    assert r.status_code == 200, (r.status_code, r.text[:500])
+    return r.json()
+
+
+# ---- schema generator --------------------------------------------------------------------------
+
+WORDS = ["red", "green", "blue", "north", "south", "x", "yes", "no", "alpha", "beta"]
+PATTERNS = [("^[a-z]{1,4}$", "lower"), ("^[A-Z][0-9]{2}$", "code"), ("^(ab|cd)+$", "pairs"),
+            ("^[0-9]{3}-[0-9]{2}$", "serial")]
+
+
+def leaf(rng):
+    kind = rng.choice(["enum", "pattern", "strlen", "integer", "number", "boolean", "null",
+                       "const", "int_enum"])
+    if kind == "enum":
+        return {"type": "string", "enum": rng.sample(WORDS, rng.randint(1, 4))}
+    if kind == "pattern":
+        return {"type": "string", "pattern": rng.choice(PATTERNS)[0]}
+    if kind == "strlen":
+        lo = rng.randint(0, 2)
+        return {"type": "string", "minLength": lo, "maxLength": lo + rng.randint(1, 4)}
+    if kind == "integer":
+        lo = rng.randint(-50, 50)
+        s = {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 200)}
+        if rng.random() < 0.3:
+            del s["maximum"]
+        return s
+    if kind == "number":
+        lo = rng.randint(-20, 20)
+        return {"type": "number", "minimum": lo, "maximum": lo + rng.randint(1, 100)}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "null":
+        return {"type": "null"}
+    if kind == "const":
+        return {"const": rng.choice(WORDS)}
+    return {"type": "integer", "enum": rng.sample(range(-5, 100), rng.randint(1, 4))}
+
+
+def node(rng, depth, defs):
+    if depth >= 3 or rng.random() < 0.45:
+        return leaf(rng)
+    kind = rng.choice(["object", "object", "array", "anyOf", "ref"])
+    if kind == "array":
+        lo = rng.randint(0, 2)
+        return {"type": "array", "items": node(rng, depth + 1, defs), "minItems": lo,
+                "maxItems": lo + rng.randint(0, 2)}
+    if kind == "anyOf":
+        return {"anyOf": [node(rng, depth + 1, defs), node(rng, depth + 1, defs)]}
+    if kind == "ref":
+        name = "d%d" % len(defs)
+        defs[name] = None  # reserved before the recursion names its own
+        defs[name] = node(rng, depth + 1, defs)
+        return {"$ref": "#/$defs/" + name}
+    return obj(rng, depth, defs)
+
+
+def obj(rng, depth, defs):
+    names = rng.sample(["id", "name", "kind", "size", "tags", "when", "where", "flag", "extra"],
+                       rng.randint(1, 4))
+    props = {n: node(rng, depth + 1, defs) for n in names}
+    required = [n for n in names if rng.random() < 0.7]
+    s = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        s["required"] = required
+    return s
+
+
+def make_schema(seed):
+    rng = random.Random(seed)
+    defs = {}
+    s = obj(rng, 0, defs) if rng.random() < 0.8 else node(rng, 1, defs)
+    if defs:
+        s["$defs"] = defs
+    return s
+
+
+def schema_request(seed, schema):
+    """One generated schema through one of the API spellings (chat or completions)."""
+    spelling = seed % 5
+    msgs = [{"role": "user", "content": "Reply in JSON."}]
+    chat = {"messages": msgs, "max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": seed,
+            "chat_template_kwargs": {"thinking": False}}
+    if spelling == 0:
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "s", "strict": True, "schema": schema}}
+    elif spelling == 1:
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "s", "schema": schema}}
+    elif spelling == 2:
+        chat["structured_outputs"] = {"json": schema}
+    elif spelling == 3:
+        chat["json_schema"] = json.dumps(schema)  # SGLang: the schema as JSON text
+    else:
+        return "/v1/completions", {"prompt": "JSON:", "max_tokens": MAX_TOKENS,
+                                   "temperature": 1.0, "seed": seed, "guided_json": schema}
+    return "/v1/chat/completions", chat
+
+
+def output_of(path, reply):
+    choice = reply["choices"][0]
+    text = choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+    return text, choice["finish_reason"]
+
+
+def test_generated_json_schemas_validate():
+    schemas = [(seed, make_schema(seed)) for seed in range(N_SCHEMAS)]
+    for _, s in schemas:
+        jsonschema.Draft202012Validator.check_schema(s)
+
+    def run(item):
+        seed, schema = item
+        path, body = schema_request(seed, schema)
+        return seed, schema, path, post(path, body)
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(run, schemas))
+    completed = cut = 0
+    for seed, schema, path, reply in results:
+        text, finish = output_of(path, reply)
+        if finish == "stop":
+            try:
+                value = json.loads(text)
+            except ValueError:
+                pytest.fail("seed %d: not JSON: %r (schema %s)" % (seed, text, json.dumps(schema)))
+            try:
+                jsonschema.validate(value, schema)
+            except jsonschema.ValidationError as e:
+                pytest.fail("seed %d: %s\noutput %r\nschema %s" % (seed, e.message, text,
+                                                                    json.dumps(schema)))
+            completed += 1
+        else:
+            assert finish == "length", (seed, finish, text)
+            assert reply["usage"]["completion_tokens"] == MAX_TOKENS, (seed, reply["usage"])
+            cut += 1
+    print("structured outputs: %d of %d schemas completed, %d cut by max_tokens"
+          % (completed, len(results), cut))
+    # Random weights draw near-uniformly among the allowed tokens: most outputs still complete.
+    assert completed >= len(results) // 2, (completed, cut)
+
+
+def test_n_samples_stream_and_logprobs_follow_the_schema(oai, model):
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9},
+                                               "b": {"enum": ["x", "y"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ab", "strict": True, "schema": schema}}
+    r = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "json"}],
+                                    max_tokens=64, temperature=1.0, seed=7, n=3, logprobs=True,
+                                    top_logprobs=2, response_format=fmt,
+                                    extra_body={"chat_template_kwargs": {"thinking": False}})
+    assert len(r.choices) == 3
+    for c in r.choices:
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.message.content), schema)
+        assert c.logprobs is not None and len(c.logprobs.content) > 0
+    stream = oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "json"}], max_tokens=64,
+        temperature=1.0, seed=8, stream=True, response_format=fmt,
+        extra_body={"chat_template_kwargs": {"thinking": False}})
+    text, finish = "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert finish == "stop", text
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_thinking_stays_free_and_the_answer_follows_the_schema(oai, model):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    think_end = post("/tokenize", {"prompt": "</think>"})["tokens"]
+    assert len(think_end) == 1, think_end
+    for seed in range(4):
+        # A bias draws </think> at once: a token the grammar never allows, so the reasoning was
+        # free; what follows it is the answer, under the schema.
+        r = oai.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "json"}], max_tokens=64,
+            temperature=1.0, seed=seed, logit_bias={str(think_end[0]): 100},
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "ok", "strict": True, "schema": schema}},
+            extra_body={"chat_template_kwargs": {"thinking": True}})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.message.content), schema)
+
+
+def test_regex_choice_and_ebnf():
+    def chat(seed, constraint):
+        return "/v1/chat/completions", dict(
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60, "seed": seed,
+             "temperature": 1.0, "chat_template_kwargs": {"thinking": False}}, **constraint)
+
+    def completion(seed, constraint):
+        return "/v1/completions", dict(
+            {"prompt": "answer:", "max_tokens": 60, "seed": seed, "temperature": 1.0}, **constraint)
+
+    tuple_grammar = 'root ::= "(" num ("," num)* ")"\nnum ::= [0-9] [0-9]?'
+    kinds = [
+        (completion, {"structured_outputs": {"regex": "[a-c]{2,5}-[0-9]{1,3}"}},
+         lambda t: re.fullmatch(r"[a-c]{2,5}-[0-9]{1,3}", t)),
+        (chat, {"guided_choice": ["alpha", "beta", "gamma delta"]},
+         lambda t: t in ("alpha", "beta", "gamma delta")),
+        (completion, {"guided_grammar": tuple_grammar},
+         lambda t: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", t)),
+        (chat, {"regex": "(yes|no), [0-9]{2}"},  # SGLang's spelling
+         lambda t: re.fullmatch(r"(yes|no), [0-9]{2}", t)),
+        (chat, {"ebnf": 'root ::= "go " dir\ndir ::= "left" | "right"'},  # SGLang's spelling
+         lambda t: t in ("go left", "go right")),
+        (completion, {"guided_regex": "[A-Z]{3}[0-9]?"},
+         lambda t: re.fullmatch(r"[A-Z]{3}[0-9]?", t)),
+    ]
+    cases = []
+    for seed in range(24):
+        make, constraint, check = kinds[seed % len(kinds)]
+        cases.append(make(seed, constraint) + (check,))
+
+    def run(case):
+        path, body, check = case
+        return path, check, post(path, body)
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(run, cases))
+    for path, check, reply in results:
+        text, finish = output_of(path, reply)
+        # Every one of these grammars is short: a random model completes them.
+        assert finish == "stop", (path, text, finish)
+        assert check(text), (path, text)
+
+
+class Pet(pydantic.BaseModel):
+    kind: Literal["cat", "dog", "fish"]
+    age: int = pydantic.Field(ge=0, le=30)
+    vaccinated: bool
+    tags: List[Literal["small", "loud", "old"]] = pydantic.Field(max_length=2)
+    owner: Optional[Literal["ann", "bob"]]
+
+
+def test_openai_sdk_parse_with_a_pydantic_model(oai, model):
+    parsed = 0
+    for seed in range(6):
+        try:
+            r = oai.chat.completions.parse(
+                model=model, messages=[{"role": "user", "content": "Describe a pet."}],
+                response_format=Pet, max_tokens=120, temperature=1.0, seed=seed,
+                extra_body={"chat_template_kwargs": {"thinking": False}})
+        except openai.LengthFinishReasonError:
+            continue
+        pet = r.choices[0].message.parsed
+        assert isinstance(pet, Pet), r
+        parsed += 1
+    assert parsed >= 3, parsed
+
+
+def test_invalid_specs_are_400s_naming_the_problem():
+    base = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+            "chat_template_kwargs": {"thinking": False}}
+    for extra, needle in [({"guided_regex": "(a"}, "regex does not compile"),
+                          ({"guided_json": {"type": "array", "maxItems": 10 ** 7}}, "maxItems"),
+                          ({"guided_json": {"$ref": "#/$defs/none"}}, "does not compile"),
+                          ({"guided_choice": []}, "at least one"),
+                          ({"guided_regex": "a", "guided_choice": ["b"]}, "only one"),
+                          ({"structured_outputs": {"grammar": "root ::= nope"}}, "grammar")]:
+        r = http("POST", "/v1/chat/completions", dict(base, **extra), key=KEY)
+        assert r.status_code == 400, (extra, r.status_code, r.text)
+        assert needle in r.json()["error"]["message"], (extra, r.text)
