@@ -14,8 +14,14 @@ namespace dsinfer::grammar {
 
 class CompiledGrammar {
  public:
-  explicit CompiledGrammar(xgrammar::CompiledGrammar g) : compiled(std::move(g)) {}
+  CompiledGrammar(xgrammar::CompiledGrammar g, std::shared_ptr<const std::vector<uint32_t>> mask)
+      : compiled(std::move(g)), also_allowed(std::move(mask)) {}
   xgrammar::CompiledGrammar compiled;
+  // [BitmaskWords(vocab)] u32 ANDed into every mask xgrammar fills (null: none). JSON grammars
+  // carry the tokens without a control byte (< 0x20): compact JSON has no raw control byte
+  // anywhere, but xgrammar 0.2.8's length-bounded strings (minLength / maxLength) allow any byte
+  // but '"', '\', '\r' and '\n' unescaped, so "\x0f" came out inside a string (invalid JSON).
+  std::shared_ptr<const std::vector<uint32_t>> also_allowed;
 };
 
 namespace {
@@ -194,6 +200,9 @@ struct Compiler::Impl {
   Limits limits;
   int32_t vocab_size = 0;
   std::optional<xgrammar::GrammarCompiler> compiler;
+  // [BitmaskWords(vocab_size)] u32: set for every token whose bytes hold no control byte (< 0x20);
+  // special tokens ("" bytes) and ids past the tokenizer's are left to xgrammar.
+  std::shared_ptr<const std::vector<uint32_t>> no_control_bytes;
 };
 
 Compiler::Compiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -211,6 +220,15 @@ Result<std::unique_ptr<Compiler>> Compiler::Create(Vocabulary vocabulary, Limits
   auto impl = std::make_unique<Impl>();
   impl->limits = limits;
   impl->vocab_size = vocabulary.vocab_size;
+  auto no_control = std::make_shared<std::vector<uint32_t>>(
+      static_cast<size_t>(BitmaskWords(vocabulary.vocab_size)), ~0u);
+  for (size_t id = 0; id < vocabulary.token_bytes.size(); ++id) {
+    const std::string& bytes = vocabulary.token_bytes[id];
+    if (std::any_of(bytes.begin(), bytes.end(),
+                    [](char b) { return static_cast<unsigned char>(b) < 0x20; }))
+      (*no_control)[id / 32] &= ~(1u << (id % 32));
+  }
+  impl->no_control_bytes = std::move(no_control);
   try {
     // RAW: the strings are the tokens' bytes as they are; "" marks a token xgrammar treats as
     // special (never text).
@@ -235,21 +253,26 @@ Result<std::shared_ptr<const CompiledGrammar>> Compiler::Compile(const GrammarSp
     constexpr bool kAnyWhitespace = false;
     switch (spec.kind) {
       case GrammarKind::kJsonSchema:
-        return std::make_shared<const CompiledGrammar>(c.CompileJSONSchema(
-            spec.text, kAnyWhitespace, std::nullopt, std::nullopt, spec.strict));
+        return std::make_shared<const CompiledGrammar>(
+            c.CompileJSONSchema(spec.text, kAnyWhitespace, std::nullopt, std::nullopt,
+                                spec.strict),
+            impl_->no_control_bytes);
       case GrammarKind::kJsonObject:
-        return std::make_shared<const CompiledGrammar>(c.CompileJSONSchema(
-            R"({"type":"object"})", kAnyWhitespace, std::nullopt, std::nullopt, false));
+        return std::make_shared<const CompiledGrammar>(
+            c.CompileJSONSchema(R"({"type":"object"})", kAnyWhitespace, std::nullopt,
+                                std::nullopt, false),
+            impl_->no_control_bytes);
       case GrammarKind::kRegex:
-        return std::make_shared<const CompiledGrammar>(c.CompileRegex(spec.text));
+        return std::make_shared<const CompiledGrammar>(c.CompileRegex(spec.text), nullptr);
       case GrammarKind::kChoice: {
         std::string ebnf = "root ::= ";
         for (size_t i = 0; i < spec.choices.size(); ++i)
           ebnf += (i ? " | " : "") + EbnfLiteral(spec.choices[i]);
-        return std::make_shared<const CompiledGrammar>(c.CompileGrammar(ebnf, "root"));
+        return std::make_shared<const CompiledGrammar>(c.CompileGrammar(ebnf, "root"), nullptr);
       }
       case GrammarKind::kEbnf:
-        return std::make_shared<const CompiledGrammar>(c.CompileGrammar(spec.text, "root"));
+        return std::make_shared<const CompiledGrammar>(c.CompileGrammar(spec.text, "root"),
+                                                       nullptr);
     }
   } catch (const std::exception& e) {
     return InvalidArgument(std::string(GrammarKindName(spec.kind)) +
@@ -317,6 +340,8 @@ Status Matcher::FillNextTokenBitmask(std::span<uint32_t> bitmask) {
   } catch (const std::exception& e) {
     return Internal("grammar matcher: " + Reason(e));
   }
+  if (const auto& also = impl_->grammar->also_allowed; also != nullptr)
+    for (size_t w = 0; w < bitmask.size() && w < also->size(); ++w) bitmask[w] &= (*also)[w];
   return Status::Ok();
 }
 

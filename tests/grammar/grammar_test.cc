@@ -164,6 +164,27 @@ TEST(Matcher, RandomWalksOfAJsonSchemaSatisfyIt) {
   EXPECT_GE(completed, 20);
 }
 
+// xgrammar 0.2.8 lets a length-bounded string (minLength / maxLength) take any byte but '"', '\\',
+// '\r' and '\n' unescaped; raw control bytes are invalid JSON (the V4.1 demo once produced "\x0f"
+// there). JSON grammars therefore never allow a token holding a byte below 0x20 (compact JSON has
+// none anywhere), and every completed walk parses.
+TEST(Matcher, JsonStringsNeverTakeARawControlByte) {
+  const std::string schema = R"({"type":"object","properties":{
+      "w":{"type":"string","minLength":2,"maxLength":3}},"required":["w"],
+      "additionalProperties":false})";
+  int completed = 0;
+  for (uint32_t seed = 0; seed < 40; ++seed) {
+    auto [text, done] = RandomWalk({.kind = GrammarKind::kJsonSchema, .text = schema}, seed);
+    for (char b : text) EXPECT_GE(static_cast<unsigned char>(b), 0x20) << "seed " << seed;
+    if (!done) continue;
+    ++completed;
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    ASSERT_TRUE(j.contains("w") && j["w"].is_string()) << text;
+  }
+  EXPECT_GE(completed, 20);
+}
+
 TEST(Matcher, JsonObjectModeGivesAnObject) {
   for (uint32_t seed = 0; seed < 10; ++seed) {
     auto [text, done] = RandomWalk({.kind = GrammarKind::kJsonObject}, seed, 2000);
