@@ -118,6 +118,38 @@ struct SchemaWalk {
   }
 };
 
+// A structural tag's embedded JSON schemas (every "json_schema" member) and regexes ("pattern"
+// of a regex format) are held to the same bounds as a schema or regex given alone; the enum
+// budget is shared by all of them, as one grammar carries them all.
+Status CheckEmbeddedSchemas(const Json& node, const Limits& limits, int depth,
+                            SchemaWalk* schemas) {
+  if (depth > limits.max_json_depth)
+    return InvalidArgument("structural_tag nests deeper than " +
+                           std::to_string(limits.max_json_depth) + " levels");
+  if (node.is_array()) {
+    for (const Json& item : node)
+      DSINFER_RETURN_IF_ERROR(CheckEmbeddedSchemas(item, limits, depth + 1, schemas));
+    return Status::Ok();
+  }
+  if (!node.is_object()) return Status::Ok();
+  for (const auto& [key, value] : node.items()) {
+    if (key == "json_schema" && (value.is_object() || value.is_boolean())) {
+      DSINFER_RETURN_IF_ERROR(schemas->Walk(value, depth + 1, 1));
+    } else if (key == "json_schema" && value.is_string()) {
+      Json parsed = Json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) return InvalidArgument("structural_tag json_schema is not JSON");
+      DSINFER_RETURN_IF_ERROR(schemas->Walk(parsed, depth + 1, 1));
+    } else if (key == "pattern" && value.is_string() &&
+               LargestRegexCount(value.get<std::string>()) > limits.max_repetition) {
+      return InvalidArgument("structural_tag pattern repeats more than " +
+                             std::to_string(limits.max_repetition) + " times");
+    } else {
+      DSINFER_RETURN_IF_ERROR(CheckEmbeddedSchemas(value, limits, depth + 1, schemas));
+    }
+  }
+  return Status::Ok();
+}
+
 // An EBNF string literal of `text` (UTF-8): quote, backslash and control bytes escaped, each
 // control byte as a fixed-width \uXXXX so a hex digit after it cannot extend it.
 std::string EbnfLiteral(const std::string& text) {
@@ -152,6 +184,8 @@ const char* GrammarKindName(GrammarKind kind) {
       return "choice";
     case GrammarKind::kEbnf:
       return "grammar";
+    case GrammarKind::kStructuralTag:
+      return "structural_tag";
   }
   return "?";
 }
@@ -192,6 +226,13 @@ Status CheckLimits(const GrammarSpec& spec, const Limits& limits) {
     case GrammarKind::kEbnf:
       if (spec.text.empty()) return InvalidArgument("grammar is empty");
       return Status::Ok();
+    case GrammarKind::kStructuralTag: {
+      Json tag = Json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+      if (tag.is_discarded() || !tag.is_object())
+        return InvalidArgument("structural_tag must be a JSON object");
+      SchemaWalk schemas{limits};
+      return CheckEmbeddedSchemas(tag, limits, 0, &schemas);
+    }
   }
   return InvalidArgument("unknown grammar kind");
 }
@@ -272,6 +313,10 @@ Result<std::shared_ptr<const CompiledGrammar>> Compiler::Compile(const GrammarSp
       }
       case GrammarKind::kEbnf:
         return std::make_shared<const CompiledGrammar>(c.CompileGrammar(spec.text, "root"),
+                                                       nullptr);
+      case GrammarKind::kStructuralTag:
+        // No control-byte mask: raw string parameters (DSML string="true") may hold newlines.
+        return std::make_shared<const CompiledGrammar>(c.CompileStructuralTag(spec.text),
                                                        nullptr);
     }
   } catch (const std::exception& e) {

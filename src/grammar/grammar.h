@@ -32,6 +32,10 @@ enum class GrammarKind {
   kRegex,       // text: a regular expression the whole output matches
   kChoice,      // choices: the output is exactly one of them
   kEbnf,        // text: a GBNF-style EBNF grammar whose root rule is `root`
+  // text: an xgrammar structural tag ({"type": "structural_tag", "format": {...}}): sequences of
+  // literal markup, tags and JSON schemas, e.g. a tool-call block whose arguments follow each
+  // tool's schema in the DeepSeek DSML parameter syntax (style "deepseek_xml").
+  kStructuralTag,
 };
 
 struct GrammarSpec {

@@ -2,6 +2,7 @@
 // Anthropic endpoint serves it: claude-* model names map to the served model, x-api-key or
 // Bearer auth, anthropic-version ignored). Events per serving-protocols.md §2.5 and §3.4.
 #include "server/service_core.h"
+#include "server/structured_output.h"
 #include "text/chat_json.h"
 
 namespace dsinfer::server {
@@ -234,7 +235,8 @@ class MessageResult final : public GenerationObserver {
 
 // Follows deepseek-recipe's MessagesRequest conversion: text blocks joined by blank lines, a
 // user message's tool_result blocks first (as tool messages) and its other blocks after them,
-// tool_choice "any" as "auto" (the converter forces only a named tool), thinking "adaptive" as
+// tool_choice "any" as "auto" (the converter forces only a named tool; the tool-call grammar then
+// makes the output a call: EncodeMessages), thinking "adaptive" as
 // enabled.
 Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
   (void)default_thinking;
@@ -379,12 +381,36 @@ Result<Json> MessagesToChatJson(const Json& body, bool default_thinking) {
 
 namespace {
 
-Result<EncodedPrompt> EncodeMessages(Service::Core& core, const Json& body) {
+struct EncodedMessages {
+  EncodedPrompt prompt;
+  // The forced tool call's grammar: tool_choice "tool" (rendered as a named function: the prompt
+  // opens the block) or "any" (rendered as "auto", as the official converter does: the grammar
+  // opens it); one call when disable_parallel_tool_use.
+  std::optional<grammar::GrammarSpec> tool_grammar;
+};
+
+Result<EncodedMessages> EncodeMessages(Service::Core& core, const Json& body) {
   DSINFER_ASSIGN_OR_RETURN(Json chat_json, MessagesToChatJson(body, core.options.default_thinking));
   DSINFER_ASSIGN_OR_RETURN(auto chat, text::ChatRequestFromJsonValue(chat_json, core.model.version,
                                                                      core.options.default_thinking,
                                                                      /*keep_empty_system=*/true));
-  return core.EncodeChat(chat);
+  EncodedMessages out;
+  DSINFER_ASSIGN_OR_RETURN(out.prompt, core.EncodeChat(chat));
+  ToolCallForcing forcing = ToolCallForcing::kNone;
+  bool parallel = true;
+  auto choice = body.find("tool_choice");
+  if (choice != body.end() && choice->is_object()) {  // its shape was checked by the conversion
+    if (choice->value("type", "") == "any") forcing = ToolCallForcing::kGrammarOpens;
+    auto single = choice->find("disable_parallel_tool_use");
+    if (single != choice->end() && !single->is_null()) {
+      if (!single->is_boolean())
+        return InvalidArgument("tool_choice.disable_parallel_tool_use: must be a boolean");
+      parallel = !single->get<bool>();
+    }
+  }
+  if (out.prompt.forced_tool_call) forcing = ToolCallForcing::kPromptOpened;
+  DSINFER_ASSIGN_OR_RETURN(out.tool_grammar, ToolCallGrammarSpec(chat, forcing, parallel));
+  return out;
 }
 
 }  // namespace
@@ -395,7 +421,7 @@ void HandleCountTokens(Service::Core& core, const HttpRequest& request, Response
   if (!body) return;
   auto encoded = EncodeMessages(core, *body);
   if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
-  SendJson(sink, 200, Json{{"input_tokens", encoded->ids.size()}});
+  SendJson(sink, 200, Json{{"input_tokens", encoded->prompt.ids.size()}});
 }
 
 void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSink& sink) {
@@ -415,11 +441,17 @@ void HandleMessages(Service::Core& core, const HttpRequest& request, ResponseSin
       return SendError(sink, BadRequest("stop_sequences: must not contain empty strings"), flavor);
   Status sampling = ParseGenerationFields(*body, &spec);
   if (!sampling.ok()) return SendError(sink, FromStatus(sampling), flavor);
-  auto encoded = EncodeMessages(core, *body);
-  if (!encoded.ok()) return SendError(sink, FromStatus(encoded.status()), flavor);
+  auto messages = EncodeMessages(core, *body);
+  if (!messages.ok()) return SendError(sink, FromStatus(messages.status()), flavor);
+  EncodedPrompt* encoded = &messages->prompt;
   auto resolved_max =
       core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
+  // The Messages API has no structured-output field of its own here: only a forced tool call
+  // constrains the output.
+  Status structured = AttachStructuredOutput(core, Json::object(), encoded->thinking, &spec,
+                                             std::move(messages->tool_grammar));
+  if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("msg_");
   const int64_t prompt_tokens = static_cast<int64_t>(encoded->ids.size());

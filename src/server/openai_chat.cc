@@ -210,7 +210,14 @@ void HandleChatCompletions(Service::Core& core, const HttpRequest& request, Resp
       core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
-  Status structured = AttachStructuredOutput(core, *body, encoded->thinking, &spec);
+  auto parallel_calls = OptBool(*body, "parallel_tool_calls");
+  if (!parallel_calls.ok()) return SendError(sink, FromStatus(parallel_calls.status()), flavor);
+  auto tool_grammar = ToolCallGrammarSpec(
+      *chat, encoded->forced_tool_call ? ToolCallForcing::kPromptOpened : ToolCallForcing::kNone,
+      parallel_calls->value_or(true));
+  if (!tool_grammar.ok()) return SendError(sink, FromStatus(tool_grammar.status()), flavor);
+  Status structured = AttachStructuredOutput(core, *body, encoded->thinking, &spec,
+                                             std::move(*tool_grammar));
   if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("chatcmpl-");

@@ -452,7 +452,13 @@ void HandleResponses(Service::Core& core, const HttpRequest& request, ResponseSi
       core.ResolveMaxTokens(*max_tokens, encoded->ids.size(), core.DefaultMaxTokens(*encoded));
   if (!resolved_max.ok()) return SendError(sink, FromStatus(resolved_max.status()), flavor);
 
-  Status structured = AttachStructuredOutput(core, *chat_json, encoded->thinking, &spec);
+  auto parallel_calls = OptBool(*body, "parallel_tool_calls");  // a bool: checked above
+  auto tool_grammar = ToolCallGrammarSpec(
+      *chat, encoded->forced_tool_call ? ToolCallForcing::kPromptOpened : ToolCallForcing::kNone,
+      !parallel_calls.ok() || parallel_calls->value_or(true));
+  if (!tool_grammar.ok()) return SendError(sink, FromStatus(tool_grammar.status()), flavor);
+  Status structured = AttachStructuredOutput(core, *chat_json, encoded->thinking, &spec,
+                                             std::move(*tool_grammar));
   if (!structured.ok()) return SendError(sink, FromStatus(structured), flavor);
 
   const std::string id = NewId("resp_");

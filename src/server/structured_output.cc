@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "text/chat_render.h"
+
 namespace dsinfer::server {
 namespace {
 
@@ -157,14 +159,69 @@ grammar::Vocabulary GrammarVocabulary(const text::Tokenizer& tokenizer, int32_t 
     const std::string* bytes = tokenizer.TokenBytes(id);
     if (bytes != nullptr && !tokenizer.IsAddedToken(id)) v.token_bytes[id] = *bytes;
   }
+  // The DSML marker is an added token the model writes inside tool-call markup: a tool-call
+  // grammar spells "<｜DSML｜invoke ..." with it (or with plain tokens; the output parser reads
+  // the text either way).
+  if (std::optional<int32_t> dsml = tokenizer.TokenId(text::kDsmlToken); dsml && *dsml < n)
+    v.token_bytes[*dsml] = text::kDsmlToken;
   v.vocab_size = vocab_size;
   if (eos_token_id >= 0 && eos_token_id < vocab_size) v.stop_token_ids = {eos_token_id};
   return v;
 }
 
+Result<std::optional<GrammarSpec>> ToolCallGrammarSpec(const text::ChatRequest& chat,
+                                                       ToolCallForcing forcing, bool parallel) {
+  if (forcing == ToolCallForcing::kNone || chat.tools.empty()) return std::optional<GrammarSpec>();
+  const text::DsmlTags tags = text::DsmlTagsFor(chat.version);
+  const std::string dsml = text::kDsmlToken;
+  Json calls = Json::array();
+  for (const text::ToolDefinition& tool : chat.tools) {
+    Json schema = Json{{"type", "object"}, {"properties", Json::object()}};  // no parameters
+    if (tool.parameters_json) {
+      schema = Json::parse(*tool.parameters_json, nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded())
+        return FieldError("tools", "parameters of '" + tool.name + "' are not valid JSON");
+      if (schema.is_null()) schema = Json{{"type", "object"}, {"properties", Json::object()}};
+    }
+    // As the template renders a call (chat_render.cc AppendToolCallsBlock): the invoke line, one
+    // parameter per line, the closing tag.
+    calls.push_back(Json{
+        {"type", "tag"},
+        {"begin", "<" + dsml + std::string(tags.invoke) + " name=\"" + tool.name + "\">\n"},
+        {"content", {{"type", "json_schema"},
+                     {"json_schema", schema},
+                     // Parameters in the schema's order: xgrammar's any_order bounds only
+                     // their count (a required one could be missing, another repeated).
+                     // JSON values are rendered with single spaces (", ", ": "); a run of
+                     // whitespace is never needed, and unbounded it lets a call run forever.
+                     {"max_whitespace_cnt", 1},
+                     {"style", chat.version == text::ModelVersion::kV41 ? "deepseek_v4_1_xml"
+                                                                         : "deepseek_xml"}}},
+        {"end", "</" + dsml + std::string(tags.invoke) + ">"}});
+  }
+  Json elements = Json::array();
+  if (forcing == ToolCallForcing::kGrammarOpens)
+    elements.push_back(Json{{"type", "const_string"},
+                            {"value", "\n\n<" + dsml + std::string(tags.block) + ">\n"}});
+  elements.push_back(Json{{"type", "tags_with_separator"},
+                          {"tags", calls},
+                          {"separator", "\n"},
+                          {"at_least_one", true},
+                          {"stop_after_first", !parallel}});
+  elements.push_back(
+      Json{{"type", "const_string"}, {"value", "\n</" + dsml + std::string(tags.block) + ">"}});
+  Json tag = {{"type", "structural_tag"},
+              {"format", {{"type", "sequence"}, {"elements", elements}}}};
+  return std::optional<GrammarSpec>(
+      GrammarSpec{.kind = GrammarKind::kStructuralTag, .text = tag.dump()});
+}
+
 Status AttachStructuredOutput(Service::Core& core, const Json& body, bool thinking,
-                              GenerationSpec* spec) {
+                              GenerationSpec* spec, std::optional<GrammarSpec> tool_calls) {
+  // The body's constraint is read (and refused when malformed) even when a forced tool call
+  // takes its place.
   DSINFER_ASSIGN_OR_RETURN(std::optional<GrammarSpec> wanted, StructuredOutputSpec(body));
+  if (tool_calls) wanted = std::move(tool_calls);
   if (!wanted) return Status::Ok();
   DSINFER_ASSIGN_OR_RETURN(grammar::Compiler * compiler, core.Grammars());
   DSINFER_ASSIGN_OR_RETURN(spec->params.grammar, compiler->Compile(*wanted));

@@ -75,9 +75,10 @@ class SegmentBuilder {
 // Version-specific spellings and rules.
 struct Dialect {
   bool v41 = false;
-  std::string_view block_name() const { return v41 ? " calls" : "tool_calls"; }
-  std::string_view invoke_tag() const { return v41 ? " invoke" : "invoke"; }
-  std::string_view parameter_tag() const { return v41 ? " parameter" : "parameter"; }
+  DsmlTags tags() const { return DsmlTagsFor(v41 ? ModelVersion::kV41 : ModelVersion::kV4); }
+  std::string_view block_name() const { return tags().block; }
+  std::string_view invoke_tag() const { return tags().invoke; }
+  std::string_view parameter_tag() const { return tags().parameter; }
   FloatStyle floats() const { return v41 ? FloatStyle::kPythonRepr : FloatStyle::kRyuPlus; }
 };
 
@@ -396,6 +397,11 @@ void AppendAssistant(const Dialect& d, const ChatRequest& req, const NormalizedM
 }
 
 }  // namespace
+
+DsmlTags DsmlTagsFor(ModelVersion version) {
+  if (version == ModelVersion::kV41) return {" calls", " invoke", " parameter"};
+  return {"tool_calls", "invoke", "parameter"};
+}
 
 Result<RenderedPrompt> RenderPromptSegments(const ChatRequest& req) {
   const Dialect d{req.version == ModelVersion::kV41};

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -53,5 +54,14 @@ inline constexpr const char* kLatestReminderToken = "<｜latest_reminder｜>";
 inline constexpr const char* kThinkStart = "<think>";
 inline constexpr const char* kThinkEnd = "</think>";
 inline constexpr const char* kDsmlToken = "｜DSML｜";
+
+// The DSML tool-call markup's tag names, written after "<｜DSML｜" / "</｜DSML｜": V4 writes
+// "tool_calls" / "invoke" / "parameter", V4.1 " calls" / " invoke" / " parameter".
+struct DsmlTags {
+  std::string_view block;
+  std::string_view invoke;
+  std::string_view parameter;
+};
+DsmlTags DsmlTagsFor(ModelVersion version);
 
 }  // namespace dsinfer::text

@@ -290,3 +290,136 @@ def test_invalid_specs_are_400s_naming_the_problem():
         r = http("POST", "/v1/chat/completions", dict(base, **extra), key=KEY)
         assert r.status_code == 400, (extra, r.status_code, r.text)
         assert needle in r.json()["error"]["message"], (extra, r.text)
+
+
+# ---- forced tool calls --------------------------------------------------------------------------
+
+N_TOOL_SETS = 48
+TOOL_MAX_TOKENS = 384
+
+
+def make_tools(seed):
+    """1..3 tools whose parameters are generated object schemas."""
+    rng = random.Random(10_000 + seed)
+    tools = []
+    for i in range(rng.randint(1, 3)):
+        defs = {}
+        params = obj(rng, 1, defs)
+        if defs:
+            params["$defs"] = defs
+        tools.append({"name": "tool_%d_%d" % (seed, i), "parameters": params})
+    return tools
+
+
+def check_call(seed, name, arguments, schemas):
+    assert name in schemas, (seed, name, list(schemas))
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        pytest.fail("seed %d: arguments of %s are not JSON: %r" % (seed, name, arguments))
+    try:
+        jsonschema.validate(value, schemas[name])
+    except jsonschema.ValidationError as e:
+        pytest.fail("seed %d: %s\narguments %r\nschema %s" % (seed, e.message, arguments,
+                                                               json.dumps(schemas[name])))
+
+
+def test_forced_tool_calls_parse_and_validate():
+    """tool_choice "required" / a named function / parallel_tool_calls false on generated tool
+    schemas, sampled: every call parses and its arguments validate; a cut one says "length"."""
+    def run(seed):
+        tools = make_tools(seed)
+        mode = seed % 3
+        body = {"messages": [{"role": "user", "content": "Call a tool."}],
+                "tools": [{"type": "function", "function": t} for t in tools],
+                "max_tokens": TOOL_MAX_TOKENS, "temperature": 1.0, "seed": seed,
+                "chat_template_kwargs": {"thinking": False}}
+        if mode == 1:
+            body["tool_choice"] = {"type": "function", "function": {"name": tools[-1]["name"]}}
+        else:
+            body["tool_choice"] = "required"
+        if mode == 2:
+            body["parallel_tool_calls"] = False
+        return seed, tools, mode, post("/v1/chat/completions", body)
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(run, range(N_TOOL_SETS)))
+    completed = cut = calls = 0
+    for seed, tools, mode, reply in results:
+        choice = reply["choices"][0]
+        schemas = {t["name"]: t["parameters"] for t in tools}
+        if mode == 1:
+            schemas = {tools[-1]["name"]: tools[-1]["parameters"]}
+        if choice["finish_reason"] == "length":
+            assert reply["usage"]["completion_tokens"] == TOOL_MAX_TOKENS, (seed, reply["usage"])
+            cut += 1
+            continue
+        assert choice["finish_reason"] == "tool_calls", (seed, choice)
+        tool_calls = choice["message"].get("tool_calls") or []
+        assert tool_calls, (seed, choice)
+        assert not choice["message"].get("content"), (seed, choice["message"])
+        if mode == 2:
+            assert len(tool_calls) == 1, (seed, tool_calls)
+        for call in tool_calls:
+            check_call(seed, call["function"]["name"], call["function"]["arguments"], schemas)
+            calls += 1
+        completed += 1
+    print("forced tool calls: %d of %d completed (%d calls), %d cut by max_tokens"
+          % (completed, len(results), calls, cut))
+    # A random-weight model spells the DSML markup in plain tokens as often as not (each
+    # "</｜DSML｜parameter>" can take a dozen draws): about half the calls fit max_tokens.
+    assert completed >= len(results) // 3, (completed, cut)
+
+
+def test_forced_tool_call_streams_and_anthropic_any_validates(oai, model):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                               "days": {"type": "integer", "minimum": 1,
+                                                        "maximum": 7}},
+              "required": ["city", "days"], "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": schema}}
+    streamed = 0
+    for seed in range(6):
+        stream = oai.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "weather"}], tools=[tool],
+            tool_choice="required", parallel_tool_calls=False, max_tokens=256, temperature=1.0,
+            seed=seed, stream=True,
+            extra_body={"chat_template_kwargs": {"thinking": False}})
+        args, names, finish = {}, {}, None
+        for chunk in stream:
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                for d in c.delta.tool_calls or []:
+                    args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
+                    if d.function.name:
+                        names[d.index] = d.function.name
+        if finish == "length":
+            continue
+        assert finish == "tool_calls" and list(args) == [0], (finish, args)
+        for i in args:
+            check_call(seed, names[i], args[i], {"weather": schema})
+        streamed += 1
+    print("forced tool call, streamed: %d of 6 completed" % streamed)
+    assert streamed >= 2, streamed
+
+    # Anthropic "any": rendered as "auto" (as the official converter does); the grammar makes
+    # the output a tool_use.
+    used = 0
+    for seed in range(10):
+        body = {"model": model, "max_tokens": 256, "temperature": 1.0,
+                "messages": [{"role": "user", "content": "weather"}],
+                "tools": [{"name": "weather", "input_schema": schema}],
+                "tool_choice": {"type": "any", "disable_parallel_tool_use": seed % 2 == 0},
+                "thinking": {"type": "disabled"}}
+        r = post("/v1/messages", body)
+        if r["stop_reason"] == "max_tokens":
+            continue
+        assert r["stop_reason"] == "tool_use", r
+        blocks = [b for b in r["content"] if b["type"] == "tool_use"]
+        assert blocks and all(b["type"] == "tool_use" for b in r["content"]), r
+        if seed % 2 == 0:
+            assert len(blocks) == 1, r
+        for b in blocks:
+            check_call(seed, b["name"], json.dumps(b["input"]), {"weather": schema})
+        used += 1
+    print("Anthropic tool_choice any: %d of 10 completed" % used)
+    assert used >= 3, used
