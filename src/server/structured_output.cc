@@ -43,6 +43,27 @@ Result<GrammarSpec> ChoiceSpec(const Json& value, const std::string& field) {
   return spec;
 }
 
+// An xgrammar structural tag ({"type": "structural_tag", "format": {...}}), given as an object or
+// as its JSON text (vLLM's structured_outputs.structural_tag). The older SGLang form
+// (structures / triggers) is refused by name rather than misread.
+Result<GrammarSpec> StructuralTagSpec(const Json& value, const std::string& field) {
+  Json tag = value;
+  if (value.is_string()) {
+    tag = Json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (tag.is_discarded()) return FieldError(field, "is not valid JSON");
+  }
+  if (!tag.is_object()) return FieldError(field, "must be an object");
+  if (!tag.contains("format")) {
+    if (tag.contains("structures"))
+      return FieldError(field,
+                        "the structures/triggers form is not supported; give \"format\" "
+                        "(xgrammar's structural tag)");
+    return FieldError(field, "missing \"format\"");
+  }
+  tag["type"] = "structural_tag";
+  return GrammarSpec{.kind = GrammarKind::kStructuralTag, .text = tag.dump()};
+}
+
 Result<std::optional<GrammarSpec>> ResponseFormatSpec(const Json& format) {
   if (!format.is_object()) return FieldError("response_format", "must be an object");
   DSINFER_ASSIGN_OR_RETURN(std::string type,
@@ -71,6 +92,10 @@ Result<std::optional<GrammarSpec>> ResponseFormatSpec(const Json& format) {
                              StringSpec(*regex, "response_format.regex", GrammarKind::kRegex));
     return std::optional<GrammarSpec>(std::move(spec));
   }
+  if (type == "structural_tag") {  // vLLM / SGLang: the tag's fields beside "type"
+    DSINFER_ASSIGN_OR_RETURN(GrammarSpec spec, StructuralTagSpec(format, "response_format"));
+    return std::optional<GrammarSpec>(std::move(spec));
+  }
   return FieldError("response_format.type", "unknown value '" + type + "'");
 }
 
@@ -96,9 +121,14 @@ Result<std::vector<std::pair<std::string, GrammarSpec>>> VllmStructuredOutputs(c
     } else if (key == "json_object") {
       if (!value.is_boolean()) return FieldError(field, "must be a boolean");
       if (value.get<bool>()) found.emplace_back(field, GrammarSpec{});
+    } else if (key == "structural_tag") {
+      DSINFER_ASSIGN_OR_RETURN(GrammarSpec s, StructuralTagSpec(value, field));
+      found.emplace_back(field, std::move(s));
     } else {
-      // structural_tag, whitespace_pattern, backend options...: refused, not ignored.
-      return FieldError(field, "is not supported (json, regex, choice, grammar, json_object are)");
+      // whitespace_pattern, backend options...: refused, not ignored.
+      return FieldError(field,
+                        "is not supported (json, regex, choice, grammar, json_object, "
+                        "structural_tag are)");
     }
   }
   return found;

@@ -369,7 +369,9 @@ Result<ChatRequest> Convert(const json& body, ModelVersion version, bool default
     if (!format->is_object()) return FieldError("response_format", "must be an object");
     DSINFER_ASSIGN_OR_RETURN(std::string type,
                              StringField(*format, "type", "response_format", true));
-    if (type == "text") {
+    // A structural tag (vLLM / SGLang) is enforced by the server's grammar and, like regex,
+    // adds nothing to the prompt.
+    if (type == "text" || type == "structural_tag") {
       req.response_format.type = ResponseFormatType::kText;
     } else if (type == "json_object") {
       req.response_format.type = ResponseFormatType::kJsonObject;

@@ -63,6 +63,15 @@ TEST(StructuredOutputSpec, EveryApiSpellingMapsToItsGrammar) {
   EXPECT_EQ(SpecOf(R"j({"json_schema":{"type":"null"}})j").kind, GrammarKind::kJsonSchema);
   EXPECT_EQ(SpecOf(R"j({"regex":"b"})j").kind, GrammarKind::kRegex);
   EXPECT_EQ(SpecOf(R"j({"ebnf":"root ::= \"b\""})j").kind, GrammarKind::kEbnf);
+  s = SpecOf(R"j({"response_format":{"type":"structural_tag","format":{"type":"const_string",)j"
+             R"j("value":"hi"}}})j");
+  EXPECT_EQ(s.kind, GrammarKind::kStructuralTag);
+  EXPECT_EQ(Json::parse(s.text),
+            Json::parse(R"j({"type":"structural_tag","format":{"type":"const_string","value":"hi"}})j"));
+  s = SpecOf(R"j({"structured_outputs":{"structural_tag":)j"
+             R"j("{\"format\":{\"type\":\"const_string\",\"value\":\"hi\"}}"}})j");
+  EXPECT_EQ(s.kind, GrammarKind::kStructuralTag);
+  EXPECT_EQ(Json::parse(s.text)["format"]["value"], "hi");
   for (const char* none : {R"j({})j", R"j({"response_format":{"type":"text"}})j",
                            R"j({"guided_json":null,"response_format":null})j"}) {
     auto spec = StructuredOutputSpec(Json::parse(none));
@@ -92,6 +101,11 @@ TEST(StructuredOutputSpec, MalformedOrConflictingFieldsAreNamed) {
                 .find("strict"),
             std::string::npos);
   EXPECT_NE(ErrorOf(R"j({"response_format":{"type":"yaml"}})j").find("yaml"), std::string::npos);
+  EXPECT_NE(ErrorOf(R"j({"response_format":{"type":"structural_tag","structures":[]}})j")
+                .find("structures/triggers form is not supported"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"j({"structured_outputs":{"structural_tag":{}}})j").find("missing"),
+            std::string::npos);
 }
 
 std::string Chat(const std::string& extra, bool thinking) {

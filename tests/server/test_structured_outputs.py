@@ -235,6 +235,19 @@ def test_regex_choice_and_ebnf():
          lambda t: t in ("go left", "go right")),
         (completion, {"guided_regex": "[A-Z]{3}[0-9]?"},
          lambda t: re.fullmatch(r"[A-Z]{3}[0-9]?", t)),
+        # xgrammar structural tags: vLLM / SGLang's response_format and vLLM's
+        # structured_outputs.structural_tag (JSON text).
+        (chat, {"response_format": {"type": "structural_tag", "format": {
+            "type": "sequence", "elements": [
+                {"type": "const_string", "value": "Answer: "},
+                {"type": "json_schema",
+                 "json_schema": {"type": "integer", "minimum": 0, "maximum": 99}}]}}},
+         lambda t: re.fullmatch(r"Answer: \s?(0|[1-9][0-9]?)\s?", t)),
+        (completion, {"structured_outputs": {"structural_tag": json.dumps({
+            "type": "structural_tag", "format": {
+                "type": "tag", "begin": "<b>", "end": "</b>",
+                "content": {"type": "regex", "pattern": "[a-z]{1,4}"}}})}},
+         lambda t: re.fullmatch(r"<b>[a-z]{1,4}</b>", t)),
     ]
     cases = []
     for seed in range(24):
@@ -286,7 +299,13 @@ def test_invalid_specs_are_400s_naming_the_problem():
                           ({"guided_json": {"$ref": "#/$defs/none"}}, "does not compile"),
                           ({"guided_choice": []}, "at least one"),
                           ({"guided_regex": "a", "guided_choice": ["b"]}, "only one"),
-                          ({"structured_outputs": {"grammar": "root ::= nope"}}, "grammar")]:
+                          ({"structured_outputs": {"grammar": "root ::= nope"}}, "grammar"),
+                          ({"response_format": {"type": "structural_tag",
+                                                "structures": [], "triggers": []}},
+                           "structures/triggers form is not supported"),
+                          ({"response_format": {"type": "structural_tag",
+                                                "format": {"type": "nope"}}},
+                           "structural_tag does not compile")]:
         r = http("POST", "/v1/chat/completions", dict(base, **extra), key=KEY)
         assert r.status_code == 400, (extra, r.status_code, r.text)
         assert needle in r.json()["error"]["message"], (extra, r.text)
