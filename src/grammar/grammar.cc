@@ -331,8 +331,16 @@ int32_t BitmaskWords(int32_t vocab_size) { return (vocab_size + 31) / 32; }
 void ApplyBitmask(std::span<float> logits, std::span<const uint32_t> bitmask) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const size_t covered = std::min(logits.size(), bitmask.size() * 32);
-  for (size_t t = 0; t < covered; ++t)
-    if (((bitmask[t / 32] >> (t % 32)) & 1u) == 0) logits[t] = minus_inf;
+  // Word by word: inside a string or a free-text span almost every word is all ones (nothing to
+  // do) and outside one almost every word is zero, so the per-bit loop runs only on mixed words.
+  for (size_t word = 0; word * 32 < covered; ++word) {
+    const uint32_t bits = bitmask[word];
+    const size_t begin = word * 32;
+    const size_t end = std::min(covered, begin + 32);
+    if (bits == ~0u) continue;
+    for (size_t t = begin; t < end; ++t)
+      if (((bits >> (t - begin)) & 1u) == 0) logits[t] = minus_inf;
+  }
   for (size_t t = covered; t < logits.size(); ++t) logits[t] = minus_inf;
 }
 

@@ -205,7 +205,9 @@ void Engine::Impl::Snapshot(const Sequence& s) {
 }
 
 void Engine::Impl::RunBatch(std::vector<ChunkRun>& batch, StepResult& result) {
+  std::future<void> masks = StartMaskFill(batch);
   const Status st = Forward(batch);
+  if (masks.valid()) masks.wait();
   if (!st.ok()) {
     for (ChunkRun& r : batch) Finish(*r.seq, FinishReason::kError, st);
   } else {

@@ -70,6 +70,13 @@ struct Sequence {
   bool constrained() const { return matcher != nullptr && grammar_active; }
 };
 
+// A constrained sequence's grammar mask for this step's draw, filled while the forward ran.
+struct GrammarMask {
+  bool filled = false;
+  Status status;               // of the fill (non-ok: the draw fails with it)
+  std::vector<uint32_t> bits;  // [BitmaskWords(vocab)] u32: the tokens the grammar allows next
+};
+
 // The token a sequence draws from a step's logits, and its logprobs when asked for.
 struct Draw {
   Status error;  // non-ok: no token (the grammar's mask failed); the sequence fails with it
@@ -93,6 +100,7 @@ struct ChunkRun {
   // token after them; n_accepted of the n_draft drafts were accepted.
   std::vector<Draw> draws;
   int n_accepted = 0;
+  GrammarMask mask;  // the sampling row's, when the sequence is constrained (StartMaskFill)
 
   // The runner returns no rows, the last one, or all of them (the plan's rows are then picked
   // out): whichever is least that covers the plan's logit rows. The final streams of every row
@@ -127,6 +135,7 @@ struct Engine::Impl {
   using Sequence = engine_detail::Sequence;
   using ChunkRun = engine_detail::ChunkRun;
   using Draw = engine_detail::Draw;
+  using GrammarMask = engine_detail::GrammarMask;
   using Clock = engine_detail::Clock;
   using RunnerState = backend::RunnerState;
 
@@ -207,7 +216,15 @@ struct Engine::Impl {
   // The token s draws from this step's logits, and its logprobs when asked for: a pure function of
   // s and the logits (the seed, the step, the penalties' history), so the draws of one step run
   // in parallel (DrawAndEmit) and give what each gives alone.
-  Draw DrawToken(const Sequence& s, std::span<const float> raw) const;
+  // `mask`: s's grammar mask already filled for this draw (StartMaskFill), or null to fill it
+  // here.
+  Draw DrawToken(const Sequence& s, std::span<const float> raw,
+                 const GrammarMask* mask = nullptr) const;
+  // Fills the grammar masks of the batch's constrained draws on another thread, to overlap the
+  // forward: a mask depends only on the tokens the matcher already took, which the forward does
+  // not change. The matchers are touched by that thread alone until the returned future is
+  // waited for (before the draws). No future when no draw is constrained.
+  std::future<void> StartMaskFill(std::vector<ChunkRun>& batch) const;
   // s's adjusted logits (penalties, bias, min_tokens bans) as if `generated` had been generated.
   std::vector<float> AdjustedLogits(const Sequence& s, std::span<const float> raw,
                                     std::span<const int32_t> generated) const;

@@ -3,6 +3,8 @@
 // engine thread in batch order: n > 1 forks, stop and length checks, usage, stream events.
 #include <algorithm>
 #include <cmath>
+#include <future>
+#include <system_error>
 
 #include "runtime/engine_impl.h"
 
@@ -101,12 +103,39 @@ void Engine::Impl::TakeMatcher(Sequence& s, int index) {
   s.grammar_active = s.req->params.grammar_after_token < 0;
 }
 
-engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw) const {
+std::future<void> Engine::Impl::StartMaskFill(std::vector<ChunkRun>& batch) const {
+  std::vector<ChunkRun*> runs;
+  for (ChunkRun& r : batch)
+    if (r.plan->samples && r.plan->n_draft == 0 && r.seq->constrained() && !Forks(*r.seq))
+      runs.push_back(&r);
+  if (runs.empty()) return {};
+  const int32_t words = grammar::BitmaskWords(weights.config().vocab_size);
+  try {
+    return std::async(std::launch::async, [runs = std::move(runs), words] {
+      for (ChunkRun* r : runs) {
+        r->mask.bits.assign(static_cast<size_t>(words), 0u);
+        r->mask.status = r->seq->matcher->FillNextTokenBitmask(r->mask.bits);
+        r->mask.filled = true;
+      }
+    });
+  } catch (const std::system_error&) {
+    return {};  // no thread to spare: the draws fill their masks themselves
+  }
+}
+
+engine_detail::Draw Engine::Impl::DrawToken(const Sequence& s, std::span<const float> raw,
+                                            const GrammarMask* mask) const {
   std::vector<float> logits = AdjustedLogits(s, raw, s.generated);
   if (s.constrained()) {
     // bitmask: [BitmaskWords(vocab)] u32, the tokens the grammar allows next.
-    std::vector<uint32_t> bitmask(grammar::BitmaskWords(static_cast<int32_t>(raw.size())));
-    if (Status st = s.matcher->FillNextTokenBitmask(bitmask); !st.ok()) return {.error = st};
+    std::vector<uint32_t> filled;
+    if (mask == nullptr || !mask->filled) {
+      filled.resize(grammar::BitmaskWords(static_cast<int32_t>(raw.size())));
+      if (Status st = s.matcher->FillNextTokenBitmask(filled); !st.ok()) return {.error = st};
+    } else if (!mask->status.ok()) {
+      return {.error = mask->status};
+    }
+    const std::vector<uint32_t>& bitmask = filled.empty() ? mask->bits : filled;
     std::vector<float> masked = logits;
     grammar::ApplyBitmask(masked, bitmask);
     // The grammar wins over min_tokens bans and -inf logit biases: when they leave no token it
@@ -223,7 +252,7 @@ void Engine::Impl::DrawAndEmit(std::vector<ChunkRun>& batch) {
     else if (r.n_draft > 0)
       r.draws = VerifyDrafts(*r.seq, r);
     else
-      r.draws = {DrawToken(*r.seq, logits)};
+      r.draws = {DrawToken(*r.seq, logits, &r.mask)};
   });
   std::vector<DraftJob> drafting;  // every sampled sequence (and fork) drafts after its tokens
   for (ChunkRun& r : batch) {
