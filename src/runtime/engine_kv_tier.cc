@@ -41,10 +41,14 @@ std::unique_ptr<backend::RunnerState> Engine::Impl::RestoreFromStore(const Seque
     auto next = model->Import(*hit->blobs[i], ids, state.get());
     if (!next.ok()) {
       // A refused blob is a damaged or foreign entry: it and the entries stored on top of it
-      // (written by the same writer, or useless without it) are dropped, counted, recomputed.
-      // Anything else (no pages left) leaves the entries alone.
-      if (next.status().code() == StatusCode::kInvalidArgument)
+      // (written by the same writer, or useless without it) are dropped, counted, recomputed,
+      // and so are the shorter prefixes' entries below it, which may be of the same writer
+      // without being in this chain (KvStore::ForgetBelow). Anything else (no pages left)
+      // leaves the entries alone.
+      if (next.status().code() == StatusCode::kInvalidArgument) {
         for (size_t j = i; j < hit->keys.size(); ++j) kv_store->Discard(hit->keys[j]);
+        kv_store->ForgetBelow(s.tokens, hit->lengths[i]);
+      }
       return nullptr;
     }
     state = std::move(next).value();

@@ -291,6 +291,29 @@ void KvStore::Discard(const Sha256Digest& key) {
   if (!options_.dir.empty()) ::unlink(PathOf(key).c_str());
 }
 
+void KvStore::ForgetBelow(std::span<const int32_t> ids, int64_t n) {
+  const int64_t P = page_tokens_;
+  n = std::min<int64_t>(n, static_cast<int64_t>(ids.size()));
+  Sha256Digest key = root_;
+  for (int64_t at = 0; at + P < n; at += P) {
+    key = Extend(key, ids.subspan(static_cast<size_t>(at), static_cast<size_t>(P)));
+    {
+      std::lock_guard lock(mu_);
+      auto r = ram_.find(key);
+      if (r != ram_.end()) {
+        ram_bytes_ -= static_cast<int64_t>(r->second.blob->size());
+        ram_.erase(r);
+      }
+      auto d = disk_.find(key);
+      if (d != disk_.end()) {
+        disk_bytes_ -= d->second.bytes;
+        disk_.erase(d);
+      }
+    }
+    if (!options_.dir.empty()) ::unlink(PathOf(key).c_str());
+  }
+}
+
 // ---- loading ----------------------------------------------------------------------------------
 
 std::optional<KvStore::RamEntry> KvStore::ReadFile(const Sha256Digest& key,
@@ -525,11 +548,21 @@ Status KvStore::WriteFile(const Write& w) {
     }
     put += static_cast<size_t>(r);
   }
+  // The bytes reach the disk before the name is published, so a crash or power loss never
+  // leaves a published name over missing data (the checksum would catch it, at the price of a
+  // recompute); the directory entry is then made durable too, best-effort (a lost rename only
+  // loses the entry).
+  if (err == 0 && ::fdatasync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err == 0 && ::rename(tmp.c_str(), final_path.c_str()) != 0) err = errno;
   if (err != 0) {
     ::unlink(tmp.c_str());
     return ErrnoStatus("write " + final_path, err);
+  }
+  if (const int dir_fd = ::open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
   }
   std::lock_guard lock(mu_);
   stats_.store_bytes += static_cast<int64_t>(file.size());

@@ -118,6 +118,12 @@ class KvStore {
   std::optional<Hit> Lookup(std::span<const int32_t> ids, int64_t min_tokens, int64_t max_tokens);
   // The engine could not import an entry of a hit (it is dropped from both tiers and counted).
   void Discard(const Sha256Digest& key);
+  // Drops the entries of ids' page-aligned prefixes shorter than n (not counted as failures):
+  // after an entry of length n was refused, the ones below it may come from the same foreign or
+  // damaged writer without being in the refused chain (a chain's shape depends on what was
+  // stored when it was written); kept, they would be the parents the recomputed entries chain
+  // to, and be refused again on every later hit.
+  void ForgetBelow(std::span<const int32_t> ids, int64_t n);
   // Whether ids[0, n) is stored in a tier (as far as this store knows).
   bool Contains(std::span<const int32_t> prefix) const;
   // The page an entry for `prefix` should start at: its parent's page count when the parent is
