@@ -32,16 +32,18 @@ def post(url, body):
 
 
 class Worker:
-    def __init__(self, args, name, role):
+    # port: a restarted worker comes back on its old port; extra: more `dsinfer serve` flags.
+    def __init__(self, args, name, role, port=None, extra=()):
         self.args, self.name, self.role = args, name, role
-        self.port = free_port()
-        log = open(os.path.join(args.workdir, f"{name}.log"), "w")
+        self.port = port or free_port()
+        log = open(os.path.join(args.workdir, f"{name}.log"), "a")
         cmd = [args.dsinfer, "serve", "--model", args.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", "1", "--max-model-len", "4096",
                "--served-model-name", MODEL, "--max-num-seqs", "4",
                "--kv-cache-memory", "1GiB", "--role", role]
         if role == "prefill":
             cmd += ["--kv-transfer-deadline", str(DEADLINE_S)]
+        cmd += list(extra)
         env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
