@@ -14,9 +14,10 @@ server beside them. Checked, with the figures printed:
     the decode worker's --bootstrap-timeout), an unreachable prefill worker (503), a --role both
     worker (400), an API without the hand-over (422), a refused import (503);
   * fault: the prefill worker SIGKILLed while requests are in flight: each request succeeds (== the
-    `--role both` answer) or fails with a 5xx naming the cause, within a bound; the decode
-    workers are back at their baseline (no running request, no KV pages); the prefill worker
-    restarted on its port serves again.
+    `--role both` answer) or fails with a 5xx naming the cause, within a bound; states it held
+    but no decode worker had pulled (a descriptor, a published room) fail with a 503 at once; the
+    decode workers are back at their baseline (no running request, no KV pages); the prefill
+    worker restarted on its port serves again.
 Everything binds 127.0.0.1. The last line is "N passed, N failed".
 """
 
@@ -213,9 +214,17 @@ def main():
         check(s == 503 and "refused" in r and done["p"][0] == 200,
               f"a refused import: 503 ({s}: {r[:200]})")
 
-        # 3. Fault: SIGKILL the prefill worker while requests are in flight.
+        # 3. Fault: SIGKILL the prefill worker while requests are in flight, and after it has
+        # answered two requests whose states no decode worker has pulled yet: one handed over
+        # vllm-router's way (a descriptor), one sglang-router's (a published room).
         base = [(d.metrics().get("dsinfer:kv_pages"),
                  d.metrics().get("dsinfer:num_requests_running")) for d in decodes]
+        base503 = [d.metrics().get(HTTP_503, 0) for d in decodes]
+        orphan = chat_body(texts[8], 1)
+        orphan["kv_transfer_params"] = {"do_remote_decode": True}
+        s, r = post(prefill.url + "/v1/chat/completions", orphan)
+        orphan_params = json.loads(r)["kv_transfer_params"] if s == 200 else None
+        s_room, _ = post(prefill.url + "/v1/chat/completions", tagged(texts[9], 99))
         long_texts = [f"Fault {i}: " + " ".join(texts[-1].split()[2:]) * 3
                       for i in range(args.fault_requests)]
         results = [None] * len(long_texts)
@@ -255,6 +264,14 @@ def main():
                 bad.append(f"request {i}: {s} in {seconds:.1f} s: {r[:200]}")
         for b in bad[:5]:
             print("  " + b)
+        t = time.time()
+        s1, r1 = post(decodes[0].url + "/v1/chat/completions",
+                      dict(chat_body(texts[8], 3), kv_transfer_params=orphan_params))
+        s2, r2 = post(decodes[1].url + "/v1/chat/completions", tagged(texts[9], 99))
+        check(s_room == 200 and s1 == 503 and "KV transfer failed" in r1 and s2 == 503 and
+              "cannot reach" in r2 and time.time() - t < 10,
+              f"states held by the killed prefill worker: 503 for the descriptor ({s1}: "
+              f"{r1[:160]}) and for the room ({s2}: {r2[:120]}) in {time.time() - t:.1f} s")
         check(not bad and failed_clearly > 0,
               f"prefill worker SIGKILLed with {len(long_texts)} requests in flight: {ok} "
               f"answered (== --role both), {failed_clearly} failed with a 5xx naming the cause")
@@ -269,8 +286,8 @@ def main():
         print(f"  decode (kv pages, running) before {base}, after "
               f"{[(m.get('dsinfer:kv_pages'), m.get('dsinfer:num_requests_running')) for m in dm]}"
               f"; pull failures {[m.get('dsinfer:kv_transfer_pull_failures_total') for m in dm]}"
-              "; 503s answered to the router (the prefill worker gone) "
-              f"{[m.get(HTTP_503) for m in dm]}")
+              "; 503s answered since the kill "
+              f"{[m.get(HTTP_503, 0) - b for m, b in zip(dm, base503)]}")
         check(at_base, "the decode workers leak nothing (KV pages and running requests back to "
               "their baseline)")
         prefill = Worker(args, "sg-prefill", "prefill", port=prefill.port)
