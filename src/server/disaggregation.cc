@@ -14,7 +14,8 @@
 // worker's HTTP port (GET /dsinfer/bootstrap: bootstrap_port must be that port) until the room
 // is published or --bootstrap-timeout passes, then pulls over UCX as above.
 #include <algorithm>
-#include <limits>
+#include <cerrno>
+#include <cstdlib>
 #include <thread>
 
 #include "net/http_client.h"
@@ -76,6 +77,8 @@ const char* RoleName(DisaggregationRole role) {
 constexpr const char* kBootstrapPath = "/dsinfer/bootstrap";
 // How the engine prefixes a refused import (runtime/engine_kv_tier.cc).
 constexpr const char* kImportContext = "importing the prefilled state";
+// The bootstrap endpoint's 404 for a room not published yet (the decode worker asks again).
+constexpr const char* kNotPublished = "is not published (yet)";
 // One long poll of the bootstrap endpoint waits at most this long (the decode worker asks again
 // until its own deadline); short enough that a connection never idles past keep-alive limits.
 constexpr int64_t kMaxBootstrapWaitMs = 2000;
@@ -181,7 +184,13 @@ Result<std::optional<transfer::TransferDescriptor>> FetchBootstrapRoom(
       continue;
     }
     unreachable_since = Clock::time_point{};
-    if (answer->status == 404) continue;  // not published yet
+    // Not published yet (the prefill worker waited wait_ms already). Any other 404 is a server
+    // without the bootstrap: asking it again would only spin until the deadline.
+    if (answer->status == 404 && answer->body.find(kNotPublished) != std::string::npos) continue;
+    if (answer->status == 404)
+      return FailedPrecondition("bootstrap_room " + room + ": " + where +
+                                " serves no dsinfer bootstrap (is bootstrap_port the prefill "
+                                "worker's HTTP port, and is it a dsinfer --role prefill worker?)");
     Json j = Json::parse(answer->body, nullptr, /*allow_exceptions=*/false);
     if (answer->status != 200) {
       std::string message = answer->body.substr(0, 300);
@@ -290,7 +299,7 @@ bool HandleBootstrapEndpoint(Service::Core& core, const HttpRequest& request, Re
   if (!entry) {
     ApiError e;
     e.status = 404;
-    e.message = "bootstrap_room " + std::to_string(**room) + " is not published (yet)";
+    e.message = "bootstrap_room " + std::to_string(**room) + " " + kNotPublished;
     SendError(sink, e, flavor);
     return true;
   }
@@ -350,7 +359,10 @@ Result<KvTransferRequest> ParseKvTransferParams(const Service::Core& core, const
 Status PrepareDisaggregated(Service::Core& core, const KvTransferRequest& kv,
                             runtime::RequestParams* params) {
   if (kv.remote_decode) {
-    if (params->n != 1) return InvalidArgument("kv_transfer_params.do_remote_decode: n must be 1");
+    if (params->n != 1)
+      return InvalidArgument(kv.bootstrap_room
+                                 ? "n: must be 1 for sglang-router's prefill/decode hand-over"
+                                 : "kv_transfer_params.do_remote_decode: n must be 1");
     // Nothing to hand over for a one-token prompt: the decode worker computes it.
     params->export_prompt_state = params->prompt.size() >= 2;
     // sglang-router sends the prefill worker the whole request and drops its answer: only the

@@ -192,6 +192,9 @@ def main():
         s, r = post(decodes[0].url + "/v1/chat/completions", tagged(texts[1], 12, port=free_port()))
         check(s == 503 and "cannot reach" in r, f"an unreachable prefill worker: 503 ({s}: "
               f"{r[:200]})")
+        s, r = post(decodes[0].url + "/v1/chat/completions", tagged(texts[1], 15, port=both.port))
+        check(s == 503 and "only a prefill worker" in r,
+              f"bootstrap_port naming a worker that is not a prefill worker: 503 ({s}: {r[:200]})")
         s, r = post(both.url + "/v1/chat/completions", tagged(texts[1], 13))
         check(s == 400 and "--role both" in r, f"a --role both worker: 400 ({s}: {r[:160]})")
         s, r = post(decodes[0].url + "/v1/responses",
