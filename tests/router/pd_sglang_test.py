@@ -7,7 +7,9 @@ model behind it (the prefill worker's bootstrap port is its HTTP port), and one 
 server beside them. Checked, with the figures printed:
   * greedy chat requests (prompts ending at different offsets modulo the 128-token page; with and
     without logprobs, which take different paths in the router) give the same tokens and
-    bit-identical logprobs as the `--role both` server; both decode workers pulled states;
+    bit-identical logprobs as the `--role both` server (float32 through the router, which
+    re-serializes; exact for 6 handed over directly by this script as the router does); both
+    decode workers pulled states;
   * every room is published and taken once, every held state released after its pull;
   * a streamed chat request and a /v1/completions request through the router;
   * clear errors: bootstrap_port null or a malformed room (400), a room never published (503 at
@@ -114,18 +116,38 @@ def main():
                 same = same and logprob_list(a, False) == logprob_list(b, False)
             if not same:
                 mismatches.append(f"request {i}: {r1[:400]} != {r2[:400]}")
+        # Handed over directly the way the router does it (the same body to both workers at
+        # once): the decode worker's own JSON, compared exactly.
+        for i, text in enumerate(texts[:6]):
+            body = dict(chat_body(text, args.max_tokens), bootstrap_host="127.0.0.1",
+                        bootstrap_port=prefill.port, bootstrap_room=1000 + i)
+            answers = {}
+            th = threading.Thread(target=lambda: answers.update(
+                p=post(prefill.url + "/v1/chat/completions", body)))
+            th.start()
+            s3, r3 = post(decodes[i % 2].url + "/v1/chat/completions", body)
+            th.join()
+            s2, r2 = post(both.url + "/v1/chat/completions", chat_body(text, args.max_tokens))
+            if (s3, answers["p"][0], s2) != (200, 200, 200):
+                mismatches.append(f"direct {i}: decode {s3} {r3[:200]} / prefill "
+                                  f"{answers['p'][0]} / both {s2}")
+                continue
+            d, b = json.loads(r3), json.loads(r2)
+            if content(d) != content(b) or logprob_list(d, True) != logprob_list(b, True):
+                mismatches.append(f"direct {i}: {r3[:400]} != {r2[:400]}")
         print(f"  {len(texts)} requests in {time.time() - t0:.1f} s; prompt tokens {lengths}; "
               f"mod 128 {[n % 128 for n in lengths]}")
         for m in mismatches[:5]:
             print("  " + m)
         check(not mismatches and len(lengths) == len(texts),
               f"{len(texts)} greedy chat requests via sglang-router P/D == --role both (tokens; "
-              "logprobs and top logprobs on every other one)")
+              "logprobs and top logprobs on every other one), and 6 handed over directly "
+              "(logprobs exact)")
         dm = [d.metrics() for d in decodes]
         pulls = [m.get("dsinfer:kv_transfer_pulls_total", 0) for m in dm]
         pulled_bytes = sum(m.get("dsinfer:kv_transfer_pulled_bytes_total", 0) for m in dm)
         print(f"  decode pulls {pulls}, {pulled_bytes / 1e6:.1f} MB")
-        check(sum(pulls) == len(texts) and min(pulls) > 0,
+        check(sum(pulls) == len(texts) + 6 and min(pulls) > 0,
               "every request's state was pulled, by both decode workers")
         wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0, 10,
                    "held blobs released")
@@ -133,8 +155,8 @@ def main():
         rooms = (pm.get("dsinfer:kv_transfer_bootstrap_rooms_published_total"),
                  pm.get("dsinfer:kv_transfer_bootstrap_rooms_taken_total"),
                  pm.get("dsinfer:kv_transfer_bootstrap_rooms_waiting"))
-        check(rooms == (len(texts), len(texts), 0) and
-              pm.get("dsinfer:kv_transfer_released_pulled_total") == len(texts) and
+        check(rooms == (len(texts) + 6, len(texts) + 6, 0) and
+              pm.get("dsinfer:kv_transfer_released_pulled_total") == len(texts) + 6 and
               sum(m.get("dsinfer:kv_transfer_pull_failures_total", 0) for m in dm) == 0,
               f"every room published and taken once (published, taken, waiting: {rooms}), every "
               "held state released after its pull, no failed pulls")
