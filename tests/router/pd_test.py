@@ -212,8 +212,9 @@ def main():
             print("  " + m)
         check(not mismatches and len(lengths) == len(loads) and
               len(set(n % 128 for n in lengths)) == len(loads),
-              f"{len(loads)} greedy chat requests of {min(lengths or [0])}..{max(lengths or [0])} "
-              f"tokens ({len(set(n % 128 for n in lengths))} offsets modulo 128), P/D via "
+              f"{len(loads)} greedy chat requests of {min(lengths or [0])}.."
+              f"{max(lengths or [0])} tokens ({len(set(n % 128 for n in lengths))} offsets "
+              "modulo 128), P/D via "
               "vllm-router and handed over directly, "
               "== --role both (tokens, logprobs, top logprobs)")
         pm = prefill.metrics()
