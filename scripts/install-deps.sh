@@ -8,6 +8,8 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libboost-dev libssl-dev
   ccache libzmq3-dev libmsgpack-dev libicu-dev libucx-dev)
 if [[ "${DSINFER_WITH_CLANG:-0}" == 1 ]]; then pkgs+=(clang libclang-rt-14-dev); fi
+# ucx-utils: ucx_perftest, the reference of tests/router/pd_bandwidth.py (docs/PERF.md).
+pkgs+=(ucx-utils)
 # curl + ca-certificates: the xgrammar source archive below.
 pkgs+=(curl ca-certificates)
 missing=()

@@ -57,7 +57,8 @@ constexpr const char* kUsage =
     "              [--scheduler-metrics none|waiting=NAME,running=NAME,kv_usage=NAME]\n"
     "              [--kv-cache-dir DIR] [--kv-cache-disk-gb GB] [--kv-cache-ram-gb GB]\n"
     "              [--kv-cache-write-back] [--role both|prefill|decode] "
-    "[--kv-transfer-deadline SECONDS]";
+    "[--kv-transfer-deadline SECONDS]\n"
+    "              [--bootstrap-timeout SECONDS]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -170,7 +171,8 @@ int RunServe(int argc, char** argv) {
                    "kv-cache-ram-gb",
                    "speculative-tokens",
                    "role",
-                   "kv-transfer-deadline"},
+                   "kv-transfer-deadline",
+                   "bootstrap-timeout"},
                   {"no-default-thinking", "kv-cache-write-back"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -316,6 +318,16 @@ int RunServe(int argc, char** argv) {
     return Usage("--kv-transfer-deadline must be in (0, 3600] seconds");
   if (role == "both" && args.Has("kv-transfer-deadline"))
     return Usage("--kv-transfer-deadline needs --role prefill or decode");
+  // sglang-router's hand-over: how long a decode worker waits for the prefill worker to publish
+  // the request's bootstrap_room before answering 503.
+  double bootstrap_timeout = 60;
+  if (!args.GetDouble("bootstrap-timeout", &bootstrap_timeout)) return Usage(args.error());
+  if (!(bootstrap_timeout > 0 && bootstrap_timeout <= 3600))
+    return Usage("--bootstrap-timeout must be in (0, 3600] seconds");
+  if (role != "decode" && args.Has("bootstrap-timeout"))
+    return Usage("--bootstrap-timeout needs --role decode");
+  service_options.bootstrap_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(bootstrap_timeout * 1000));
   if (role != "both") {
     transfer::TransferOptions transfer_options;
     transfer_options.engine_id = "dsinfer-" + role + "-" + std::to_string(getpid());
@@ -328,6 +340,10 @@ int RunServe(int argc, char** argv) {
     }
     service_options.engine_id = transfer_options.engine_id;
     service_options.kv_transfer = std::move(agent).value();
+    // A published room lives as long as the state it describes is held.
+    if (role == "prefill")
+      service_options.bootstrap_rooms =
+          std::make_shared<transfer::BootstrapRooms>(transfer_options.hold_deadline);
   }
   service_options.max_tokens_limit = static_cast<int>(max_tokens_limit);
   service_options.default_max_tokens = static_cast<int>(default_max_tokens);

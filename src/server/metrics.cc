@@ -275,4 +275,22 @@ std::string RenderKvTransferMetrics(const transfer::TransferStats& t) {
   return out;
 }
 
+std::string RenderBootstrapRoomMetrics(const transfer::BootstrapRoomStats& b) {
+  std::string out;
+  const std::string p = "dsinfer:kv_transfer_bootstrap_rooms_";
+  auto one = [&](const std::string& name, const char* type, const std::string& help, double v) {
+    Metric(&out, p + name, type, help);
+    Sample(&out, p + name + (std::string(type) == "counter" ? "_total" : ""), v);
+  };
+  one("waiting", "gauge", "Published bootstrap rooms no decode worker has taken yet.",
+      static_cast<double>(b.waiting_rooms));
+  one("published", "counter", "Bootstrap rooms published (state held, or the failure).",
+      static_cast<double>(b.published_total));
+  one("taken", "counter", "Bootstrap rooms taken by a decode worker.",
+      static_cast<double>(b.taken_total));
+  one("expired", "counter", "Bootstrap rooms dropped untaken at the hold deadline.",
+      static_cast<double>(b.expired_total));
+  return out;
+}
+
 }  // namespace dsinfer::server

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "transfer/bootstrap_rooms.h"
 #include "transfer/kv_transfer.h"
 
 namespace dsinfer::server {
@@ -65,5 +66,7 @@ class ServerMetrics {
 
 // The prefill/decode KV transfer's counters (a prefill or decode worker's /metrics).
 std::string RenderKvTransferMetrics(const transfer::TransferStats& t);
+// A prefill worker's sglang-router bootstrap rooms.
+std::string RenderBootstrapRoomMetrics(const transfer::BootstrapRoomStats& b);
 
 }  // namespace dsinfer::server

@@ -331,6 +331,7 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
   }
 
   if (HandleWorkerEndpoint(core, request, sink, Authorized(core, request))) return;
+  if (HandleBootstrapEndpoint(core, request, sink, Authorized(core, request))) return;
 
   static constexpr Route kRoutes[] = {
       {"/v1/chat/completions", "POST"},
@@ -386,6 +387,8 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
     std::string text = core.metrics.Render(stats, http ? http->open_connections() : 0);
     if (core.options.kv_transfer != nullptr)
       text += RenderKvTransferMetrics(core.options.kv_transfer->Stats());
+    if (core.options.bootstrap_rooms != nullptr)
+      text += RenderBootstrapRoomMetrics(core.options.bootstrap_rooms->Stats());
     return sink.Send(200, "text/plain; version=0.0.4; charset=utf-8", text);
   }
   if (engine == nullptr || core.tokenizer == nullptr) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "server/metrics.h"
 #include "text/chat_types.h"
 #include "text/tokenizer.h"
+#include "transfer/bootstrap_rooms.h"
 #include "transfer/kv_transfer.h"
 
 namespace dsinfer::server {
@@ -52,6 +54,10 @@ struct ServiceOptions {
   std::string engine_id = "dsinfer";  // names this worker in kv_transfer_params
   // The UCX transfer agent of a prefill or decode worker (null with --role both).
   std::shared_ptr<transfer::KvTransferAgent> kv_transfer;
+  // sglang-router's hand-over (server/disaggregation.cc): a prefill worker's published rooms
+  // (null with other roles), and how long a decode worker waits for its room to be published.
+  std::shared_ptr<transfer::BootstrapRooms> bootstrap_rooms;
+  std::chrono::milliseconds bootstrap_timeout{std::chrono::seconds(60)};
 };
 
 // What the service needs to know about the loaded model.

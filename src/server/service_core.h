@@ -164,10 +164,20 @@ bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, Respo
 
 // Prefill/decode disaggregation (disaggregation.cc): a request's kv_transfer_params as this
 // worker's role allows them (InvalidArgument otherwise).
+class RoomPublication;
 struct KvTransferRequest {
   bool remote_decode = false;   // a prefill worker's request: hand the state over
   bool remote_prefill = false;  // a decode worker's request: continue from a handed-over state
   std::optional<transfer::TransferDescriptor> descriptor;  // null: nothing travels (short prompt)
+  // sglang-router's hand-over (bootstrap_host / bootstrap_port / bootstrap_room in the body
+  // instead of kv_transfer_params): the decode worker fetches the descriptor from the prefill
+  // worker's bootstrap endpoint; the prefill worker publishes it there under the room.
+  std::optional<uint64_t> bootstrap_room;
+  std::string bootstrap_host;
+  int bootstrap_port = 0;
+  bool stream = false;
+  // A prefill worker's: publishes the room's failure unless the state was published first.
+  std::shared_ptr<RoomPublication> publication;
 };
 Result<KvTransferRequest> ParseKvTransferParams(const Service::Core& core, const Json& body);
 // Before Generation::Start: asks the engine for the export (prefill), or pulls the state and
@@ -179,6 +189,12 @@ Status PrepareDisaggregated(Service::Core& core, const KvTransferRequest& kv,
 // kv_transfer_params the response carries.
 Result<Json> HoldForRemoteDecode(Service::Core& core, const Generation& generation,
                                  const runtime::RequestParams& params);
+
+// A prefill worker's GET /dsinfer/bootstrap?room=N[&wait_ms=M] (disaggregation.cc): the
+// descriptor published under the room, for the decode worker of sglang-router's hand-over. True
+// when `request.path` was it (and answered).
+bool HandleBootstrapEndpoint(Service::Core& core, const HttpRequest& request, ResponseSink& sink,
+                             bool authorized);
 
 // The APIs without the hand-over (Responses, Anthropic Messages) refuse kv_transfer_params
 // rather than ignore them: true when the 422 was sent.

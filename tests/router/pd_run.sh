@@ -4,13 +4,22 @@
 # (tests/router/pd_test.py). The routers' venv is tests/router/run.sh's. Everything listens on
 # 127.0.0.1; the KV transfer runs over UCX's TCP transport on loopback. Exit 77 (skipped) when the
 # pinned packages cannot be installed.
-# Usage: tests/router/pd_run.sh [BUILD_DIR] [pd_test.py args...]
+# With --sglang (right after BUILD_DIR): the same behind sglang-router's --pd-disaggregation
+# (tests/router/pd_sglang_test.py).
+# Usage: tests/router/pd_run.sh [BUILD_DIR] [--sglang] [pd_test.py args...]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 build="${1:-$root/build}"
 [[ $# -gt 0 ]] && shift
 build="$(cd "$build" && pwd)"
+test_script="pd_test.py"
+workdir="$build/router-pd-test"
+if [[ "${1:-}" == "--sglang" ]]; then
+  shift
+  test_script="pd_sglang_test.py"
+  workdir="$build/router-pd-sglang-test"
+fi
 dsinfer="$build/apps/dsinfer"
 [[ -x "$dsinfer" ]] || { echo "pd_run.sh: $dsinfer not built" >&2; exit 1; }
 
@@ -22,5 +31,5 @@ model="$build/router-test-model"
 if [[ ! -f "$model/config.json" ]]; then
   "$dsinfer" create-demo-model "$model" --preset demo --seed 1 >/dev/null
 fi
-PATH="$venv/bin:$PATH" exec "$venv/bin/python" "$here/pd_test.py" --dsinfer "$dsinfer" \
-  --model "$model" --workdir "$build/router-pd-test" "$@"
+PATH="$venv/bin:$PATH" exec "$venv/bin/python" "$here/$test_script" --dsinfer "$dsinfer" \
+  --model "$model" --workdir "$workdir" "$@"

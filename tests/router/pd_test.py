@@ -3,9 +3,10 @@
 One `--role prefill` and two `--role decode` dsinfer workers of the demo model behind
 vllm-router --vllm-pd-disaggregation, and one `--role both` server beside them. Checked, with the
 figures printed:
-  * greedy chat requests (prompts of several lengths, ending at different offsets modulo the
-    128-token page) through the router give the same tokens and bit-identical logprobs as the
-    `--role both` server; both decode workers pulled states (UCX, loopback TCP);
+  * 50 greedy chat requests (prompts of 16 to ~4k tokens, exact lengths from the server's render,
+    ending at 50 different offsets modulo the 128-token page, 0 and 127 included) through the
+    router give the same tokens and bit-identical logprobs as the `--role both` server; both
+    decode workers pulled states (UCX, loopback TCP). About 1 minute on a 2-core machine;
   * every held state is released after its pull (/metrics: held blobs back to 0, no failures);
   * a state nobody pulls is released at the prefill worker's --kv-transfer-deadline;
   * a descriptor pulled twice gets a clear retryable error (503), a malformed one a 400, and a
@@ -32,16 +33,18 @@ def post(url, body):
 
 
 class Worker:
-    def __init__(self, args, name, role):
+    # port: a restarted worker comes back on its old port; extra: more `dsinfer serve` flags.
+    def __init__(self, args, name, role, port=None, extra=()):
         self.args, self.name, self.role = args, name, role
-        self.port = free_port()
-        log = open(os.path.join(args.workdir, f"{name}.log"), "w")
+        self.port = port or free_port()
+        log = open(os.path.join(args.workdir, f"{name}.log"), "a")
         cmd = [args.dsinfer, "serve", "--model", args.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", "1", "--max-model-len", "4096",
                "--served-model-name", MODEL, "--max-num-seqs", "4",
                "--kv-cache-memory", "1GiB", "--role", role]
         if role == "prefill":
             cmd += ["--kv-transfer-deadline", str(DEADLINE_S)]
+        cmd += list(extra)
         env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -73,6 +76,41 @@ def prompts(n):
     return out
 
 
+def prompt_lengths(n, longest):
+    # n chat prompt lengths (tokens) from 16 to about `longest`: 16 + 81 i, whose residues
+    # modulo the 128-token page are all different (81 is odd) and spread over the page; the ones
+    # a quarter and half way are replaced by a page's last and first offsets (1023, 2048).
+    step = max(1, (longest - 16) // max(1, n - 1))
+    step += 1 - step % 2  # odd: distinct residues
+    out = [16 + step * i for i in range(n)]
+    if n >= 4 and longest >= 2048:
+        out[n // 4], out[n // 2] = 1023, 2048
+    return out
+
+
+def sized_prompts(url, lengths):
+    # Chat prompts of exactly these rendered lengths: words are added or removed until the
+    # server's own render (/v1/chat/completions/render) counts the target.
+    words = ["alpha", "beta", "gamma", "delta", "orbit", "river", "stone", "ledger", "vector",
+             "signal", "harbor", "quartz", "meadow", "cipher", "lantern", "summit"]
+    out = []
+    for i, target in enumerate(lengths):
+        k = max(1, target - 12)
+        for _ in range(6):
+            text = f"Load {i}: " + " ".join(words[(i * 5 + j * 7) % len(words)]
+                                            for j in range(k))
+            body = {"model": MODEL, "messages": [{"role": "user", "content": text}],
+                    "chat_template_kwargs": {"thinking": False}}
+            s, r = http("POST", url + "/v1/chat/completions/render", body, timeout=60)
+            assert s == 200, r
+            count = json.loads(r)["count"]
+            if count == target:
+                break
+            k = max(1, k + target - count)
+        out.append(text)
+    return out
+
+
 def f32(x):
     # The engine's logprobs are float32. vllm-router re-serializes the decode worker's JSON and
     # its float parser (serde_json without float_roundtrip) is sometimes one float64 ulp off, so
@@ -98,7 +136,9 @@ def main():
     ap.add_argument("--dsinfer", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--longest", type=int, default=4000,
+                    help="the longest prompt of the load section, tokens")
     ap.add_argument("--max-tokens", type=int, default=6)
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
@@ -138,10 +178,12 @@ def main():
 
         # 1. Disaggregated == colocated, bit for bit: through the router (float32 logprobs, see
         # f32), and handed over by this script as the router does (the exact JSON numbers).
-        texts = prompts(args.requests)
+        # Prompts from 16 to --longest tokens, ending at many offsets modulo the page.
+        loads = sized_prompts(both.url, prompt_lengths(args.requests, args.longest))
+        texts = prompts(16)  # the short prompts of the later sections
         mismatches, lengths = [], []
         t0 = time.time()
-        for i, text in enumerate(texts):
+        for i, text in enumerate(loads):
             body = chat_body(text, args.max_tokens)
             s1, r1 = post(router_url + "/v1/chat/completions", body)
             s2, r2 = post(both.url + "/v1/chat/completions", body)
@@ -164,12 +206,16 @@ def main():
             if (logprob_list(d, True) != logprob_list(b, True) or
                     d["choices"][0]["message"] != b["choices"][0]["message"]):
                 mismatches.append(f"request {i} handed over: {r4[:400]} != {r2[:400]}")
-        print(f"  {len(texts)} requests in {time.time() - t0:.1f} s; prompt tokens {lengths}; "
+        print(f"  {len(loads)} requests in {time.time() - t0:.1f} s; prompt tokens {lengths}; "
               f"mod 128 {[n % 128 for n in lengths]}")
         for m in mismatches[:5]:
             print("  " + m)
-        check(not mismatches and len(lengths) == len(texts),
-              f"{len(texts)} greedy chat requests, P/D via vllm-router and handed over directly, "
+        check(not mismatches and len(lengths) == len(loads) and
+              len(set(n % 128 for n in lengths)) == len(loads),
+              f"{len(loads)} greedy chat requests of {min(lengths or [0])}.."
+              f"{max(lengths or [0])} tokens ({len(set(n % 128 for n in lengths))} offsets "
+              "modulo 128), P/D via "
+              "vllm-router and handed over directly, "
               "== --role both (tokens, logprobs, top logprobs)")
         pm = prefill.metrics()
         dm = [d.metrics() for d in decodes]
@@ -178,12 +224,12 @@ def main():
         seconds = sum(m.get("dsinfer:kv_transfer_pull_seconds_total", 0) for m in dm)
         print(f"  prefill holds {pm.get('dsinfer:kv_transfer_holds_total')}, decode pulls "
               f"{pulls}, {pulled_bytes / 1e6:.1f} MB in {seconds:.3f} s")
-        check(sum(pulls) == 2 * len(texts) and min(pulls) > 0,
+        check(sum(pulls) == 2 * len(loads) and min(pulls) > 0,
               "every request's state was pulled, by both decode workers")
         wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0, 10,
                    "held blobs released")
         pm = prefill.metrics()
-        check(pm.get("dsinfer:kv_transfer_released_pulled_total") == 2 * len(texts) and
+        check(pm.get("dsinfer:kv_transfer_released_pulled_total") == 2 * len(loads) and
               sum(m.get("dsinfer:kv_transfer_pull_failures_total", 0) for m in dm) == 0,
               "every held state released after its pull, no failed pulls")
 

@@ -1,4 +1,4 @@
-#include "measure/http_client.h"
+#include "net/http_client.h"
 
 #include <netdb.h>
 #include <poll.h>
@@ -18,14 +18,10 @@
 
 #include "net/deadline_stream.h"
 
-namespace dsinfer::measure {
+namespace dsinfer::net {
 namespace {
 
 namespace http = boost::beast::http;
-using Clock = net::Clock;
-
-using net::MillisUntil;
-
 // Closes the socket on every path out.
 struct Fd {
   int fd = -1;
@@ -114,7 +110,7 @@ Result<HttpResult> HttpCall(const Url& url, const HttpRequestSpec& request,
   head += "\r\n";
   DSINFER_RETURN_IF_ERROR(SendAll(fd.fd, head + request.body, deadline));
 
-  net::DeadlineSocketStream stream(fd.fd, deadline);
+  DeadlineSocketStream stream(fd.fd, deadline);
   boost::beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   // No body limit. Not boost::none: Boost 1.74's parser compares a Content-Length against the
@@ -144,4 +140,4 @@ Result<HttpResult> HttpCall(const Url& url, const HttpRequestSpec& request,
   return result;
 }
 
-}  // namespace dsinfer::measure
+}  // namespace dsinfer::net
