@@ -273,7 +273,7 @@ KvStoreStats KvStore::stats() const {
   return s;
 }
 
-void KvStore::Discard(const Sha256Digest& key) {
+void KvStore::Remove(const Sha256Digest& key, bool count_failure) {
   {
     std::lock_guard lock(mu_);
     auto r = ram_.find(key);
@@ -286,10 +286,12 @@ void KvStore::Discard(const Sha256Digest& key) {
       disk_bytes_ -= d->second.bytes;
       disk_.erase(d);
     }
-    ++stats_.checksum_failures;
+    if (count_failure) ++stats_.checksum_failures;
   }
   if (!options_.dir.empty()) ::unlink(PathOf(key).c_str());
 }
+
+void KvStore::Discard(const Sha256Digest& key) { Remove(key, /*count_failure=*/true); }
 
 void KvStore::ForgetBelow(std::span<const int32_t> ids, int64_t n) {
   const int64_t P = page_tokens_;
@@ -297,20 +299,7 @@ void KvStore::ForgetBelow(std::span<const int32_t> ids, int64_t n) {
   Sha256Digest key = root_;
   for (int64_t at = 0; at + P < n; at += P) {
     key = Extend(key, ids.subspan(static_cast<size_t>(at), static_cast<size_t>(P)));
-    {
-      std::lock_guard lock(mu_);
-      auto r = ram_.find(key);
-      if (r != ram_.end()) {
-        ram_bytes_ -= static_cast<int64_t>(r->second.blob->size());
-        ram_.erase(r);
-      }
-      auto d = disk_.find(key);
-      if (d != disk_.end()) {
-        disk_bytes_ -= d->second.bytes;
-        disk_.erase(d);
-      }
-    }
-    if (!options_.dir.empty()) ::unlink(PathOf(key).c_str());
+    Remove(key, /*count_failure=*/false);
   }
 }
 

@@ -137,6 +137,8 @@ class KvStore {
   KvStoreStats stats() const;
 
  private:
+  // Drops key's entry from both tiers and its file; counts a checksum failure when asked.
+  void Remove(const Sha256Digest& key, bool count_failure);
   struct RamEntry {
     std::shared_ptr<const std::vector<uint8_t>> blob;  // [bytes] the StateBlob
     int64_t n_tokens = 0, first_page = 0;
