@@ -265,11 +265,7 @@ bool HandleBootstrapEndpoint(Service::Core& core, const HttpRequest& request, Re
   if (request.path != kBootstrapPath) return false;
   const auto flavor = ApiFlavor::kOpenAI;
   if (!authorized) {
-    ApiError e;
-    e.status = 401;
-    e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
-    e.code = "invalid_api_key";
-    SendError(sink, e, flavor);
+    SendError(sink, Unauthorized(), flavor);
     return true;
   }
   if (request.method != "GET") {

@@ -355,13 +355,7 @@ void Service::Handle(const HttpRequest& request, ResponseSink& raw_sink) {
     e.message = "Unknown endpoint " + method + " " + path;
     return SendError(sink, e, flavor);
   }
-  if (!Authorized(core, request)) {
-    ApiError e;
-    e.status = 401;
-    e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
-    e.code = "invalid_api_key";
-    return SendError(sink, e, flavor);
-  }
+  if (!Authorized(core, request)) return SendError(sink, Unauthorized(), flavor);
   if (model_item) {
     if (method != "GET")
       return sink.Send(405, "application/json",

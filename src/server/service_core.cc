@@ -72,6 +72,14 @@ ApiError BadRequest(std::string message, std::string param) {
   return e;
 }
 
+ApiError Unauthorized() {
+  ApiError e;
+  e.status = 401;
+  e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
+  e.code = "invalid_api_key";
+  return e;
+}
+
 ApiError Unsupported(std::string message, std::string param) {
   ApiError e;
   e.status = 422;

@@ -34,6 +34,8 @@ struct ApiError {
 };
 
 ApiError BadRequest(std::string message, std::string param = "");
+// 401: no valid API key (the same for every route that checks one).
+ApiError Unauthorized();
 // 422: well-formed and valid, but asks for something this server does not do (FIM suffix,
 // previous_response_id, image input, regex output constraints).
 ApiError Unsupported(std::string message, std::string param = "");

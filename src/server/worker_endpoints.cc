@@ -240,11 +240,7 @@ bool HandleWorkerEndpoint(Service::Core& core, const HttpRequest& request, Respo
   if (route == nullptr) return false;
   const auto flavor = ApiFlavor::kOpenAI;
   if (!authorized) {
-    ApiError e;
-    e.status = 401;
-    e.message = "Invalid or missing API key (send Authorization: Bearer KEY or x-api-key: KEY)";
-    e.code = "invalid_api_key";
-    SendError(sink, e, flavor);
+    SendError(sink, Unauthorized(), flavor);
     return true;
   }
   // vllm-router's /health_generate fan-out may use either; a GET-only route stays GET-only.
