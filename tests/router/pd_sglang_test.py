@@ -5,9 +5,9 @@ bootstrap_port / bootstrap_room, to a prefill and a decode worker at once and an
 decode worker's response. One `--role prefill` and two `--role decode` dsinfer workers of the demo
 model behind it (the prefill worker's bootstrap port is its HTTP port), and one `--role both`
 server beside them. Checked, with the figures printed:
-  * greedy chat requests (prompts ending at different offsets modulo the 128-token page; with and
-    without logprobs, which take different paths in the router) give the same tokens and
-    bit-identical logprobs as the `--role both` server (float32 through the router, which
+  * 50 greedy chat requests (prompts of 16..4k tokens ending at 50 offsets modulo the 128-token
+    page; with and without logprobs, which take different paths in the router) give the same
+    tokens and bit-identical logprobs as the `--role both` server (float32 through the router, which
     re-serializes; exact for 6 handed over directly by this script as the router does); both
     decode workers pulled states;
   * every room is published and taken once, every held state released after its pull;
@@ -32,7 +32,8 @@ import sys
 import threading
 import time
 
-from pd_test import MODEL, Worker, chat_body, f32, logprob_list, post, prompts
+from pd_test import (MODEL, Worker, chat_body, f32, logprob_list, post, prompt_lengths, prompts,
+                     sized_prompts)
 from router_test import free_port, http, wait_until
 
 BOOTSTRAP_TIMEOUT_S = 5
@@ -48,7 +49,9 @@ def main():
     ap.add_argument("--dsinfer", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--longest", type=int, default=4000,
+                    help="the longest prompt (tokens); the requests span 16..longest")
     ap.add_argument("--max-tokens", type=int, default=6)
     ap.add_argument("--fault-requests", type=int, default=8)
     args = ap.parse_args()
@@ -96,7 +99,9 @@ def main():
         # 1. Disaggregated == colocated, bit for bit. With logprobs the router waits for both
         # answers and re-serializes the decode worker's JSON (float32 comparison, see f32);
         # without, it passes the decode worker's bytes on and drops the prefill worker's.
-        texts = prompts(args.requests)
+        # As behind vllm-router (pd_test.py): prompts of 16..4k tokens ending at 50 different
+        # offsets modulo the 128-token page.
+        texts = sized_prompts(both.url, prompt_lengths(args.requests, args.longest))
         mismatches, lengths = [], []
         t0 = time.time()
         for i, text in enumerate(texts):
@@ -250,7 +255,8 @@ def main():
         s, r = post(prefill.url + "/v1/chat/completions", orphan)
         orphan_params = json.loads(r)["kv_transfer_params"] if s == 200 else None
         s_room, _ = post(prefill.url + "/v1/chat/completions", tagged(texts[9], 99))
-        long_texts = [f"Fault {i}: " + " ".join(texts[-1].split()[2:]) * 3
+        # Prompts of about 1.3k tokens: long enough to be in flight when the kill comes.
+        long_texts = [f"Fault {i}: " + " ".join(prompts(16)[-1].split()[2:]) * 3
                       for i in range(args.fault_requests)]
         results = [None] * len(long_texts)
 
