@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -58,7 +60,7 @@ constexpr const char* kUsage =
     "              [--kv-cache-dir DIR] [--kv-cache-disk-gb GB] [--kv-cache-ram-gb GB]\n"
     "              [--kv-cache-write-back] [--role both|prefill|decode] "
     "[--kv-transfer-deadline SECONDS]\n"
-    "              [--bootstrap-timeout SECONDS]";
+    "              [--bootstrap-timeout SECONDS] [--kv-transfer-test-corrupt N]";
 
 void Log(const char* fmt, const std::string& a = "", const std::string& b = "") {
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -172,7 +174,8 @@ int RunServe(int argc, char** argv) {
                    "speculative-tokens",
                    "role",
                    "kv-transfer-deadline",
-                   "bootstrap-timeout"},
+                   "bootstrap-timeout",
+                   "kv-transfer-test-corrupt"},
                   {"no-default-thinking", "kv-cache-write-back"}) ||
       !args.positional().empty())
     return Usage(args.error());
@@ -328,11 +331,24 @@ int RunServe(int argc, char** argv) {
     return Usage("--bootstrap-timeout needs --role decode");
   service_options.bootstrap_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(bootstrap_timeout * 1000));
+  // Fault injection for the P/D tests (tests/router/pd_test.py): a decode worker flips one byte
+  // of each of its first N pulled states before the checksum, as a damaged transfer would.
+  long long corrupt_pulls = 0;
+  if (!args.GetInt("kv-transfer-test-corrupt", &corrupt_pulls)) return Usage(args.error());
+  if (corrupt_pulls < 0) return Usage("--kv-transfer-test-corrupt must be >= 0");
+  if (corrupt_pulls > 0 && role != "decode")
+    return Usage("--kv-transfer-test-corrupt needs --role decode");
   if (role != "both") {
     transfer::TransferOptions transfer_options;
     transfer_options.engine_id = "dsinfer-" + role + "-" + std::to_string(getpid());
     transfer_options.hold_deadline =
         std::chrono::milliseconds(static_cast<int64_t>(transfer_deadline * 1000));
+    if (corrupt_pulls > 0) {
+      auto left = std::make_shared<std::atomic<long long>>(corrupt_pulls);
+      transfer_options.after_get_for_test = [left](std::span<uint8_t> bytes) {
+        if (!bytes.empty() && left->fetch_sub(1) > 0) bytes[bytes.size() / 2] ^= 0x40;
+      };
+    }
     auto agent = transfer::KvTransferAgent::Create(transfer_options);
     if (!agent.ok()) {
       std::fprintf(stderr, "dsinfer serve: %s\n", agent.status().ToString().c_str());

@@ -10,7 +10,11 @@ figures printed:
   * every held state is released after its pull (/metrics: held blobs back to 0, no failures);
   * a state nobody pulls is released at the prefill worker's --kv-transfer-deadline;
   * a descriptor pulled twice gets a clear retryable error (503), a malformed one a 400, and a
-    role mismatch a 400.
+    role mismatch a 400;
+  * a corrupted transfer (a decode worker started with --kv-transfer-test-corrupt 1 flips a byte
+    of its first pulled state) behind a second vllm-router: the checksum catches it, the client
+    gets a 503 naming it, its retry succeeds, == --role both; the decode worker's KV pages and the
+    prefill worker's held states are back at their baseline.
 Everything binds 127.0.0.1. The last line is "N passed, N failed".
 """
 
@@ -301,6 +305,52 @@ def main():
                        "kv_transfer_params": params})
         check(s5 == 422 and "kv_transfer_params" in r5,
               f"an API without the hand-over refuses kv_transfer_params: 422 ({s5}: {r5[:160]})")
+
+        # 4. A corrupted transfer through the real router, which retries the 503.
+        corrupt = Worker(args, "decode-corrupt", "decode",
+                         extra=["--kv-transfer-test-corrupt", "1"])
+        workers.append(corrupt)
+        corrupt.wait_ready()
+        base_pages = corrupt.metrics().get("dsinfer:kv_pages")
+        port2 = free_port()
+        router2 = subprocess.Popen(
+            ["vllm-router", "--host", "127.0.0.1", "--port", str(port2),
+             "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", corrupt.url,
+             "--policy", "round_robin", "--retry-max-retries", "3",
+             "--retry-initial-backoff-ms", "100", "--disable-circuit-breaker",
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+            stdout=open(os.path.join(args.workdir, "vllm-router-pd-corrupt.log"), "w"),
+            stderr=subprocess.STDOUT)
+        try:
+            router2_url = f"http://127.0.0.1:{port2}"
+            wait_until(lambda: router2.poll() is not None or
+                       http("GET", router2_url + "/v1/models")[0] == 200, 60, "second router up")
+            # vllm-router 0.1.17's P/D path passes a decode-stage 503 on to the client (its
+            # retry settings do not cover the second stage), so the client's retry is what
+            # recovers: the first answer must be that clear 503, the retry the right answer.
+            body = chat_body(texts[5], args.max_tokens)
+            s0, r0 = post(router2_url + "/v1/chat/completions", body)
+            s1, r1 = post(router2_url + "/v1/chat/completions", body)
+            s2, r2 = post(both.url + "/v1/chat/completions", body)
+            same = (s1, s2) == (200, 200) and \
+                json.loads(r1)["choices"][0]["message"] == json.loads(r2)["choices"][0]["message"]
+            cm = corrupt.metrics()
+            check(s0 == 503 and "do not match their SHA-256" in r0 and same and
+                  cm.get("dsinfer:kv_transfer_checksum_failures_total") == 1 and
+                  cm.get("dsinfer:kv_transfer_pulls_total") == 1,
+                  f"a corrupted transfer is caught by the checksum and answered 503 through the "
+                  f"router ({s0}: {r0[:200]}); the retry succeeds ({s1}), == --role both: {same}; "
+                  f"checksum failures {cm.get('dsinfer:kv_transfer_checksum_failures_total')}, "
+                  f"pulls {cm.get('dsinfer:kv_transfer_pulls_total')}")
+            wait_until(lambda: prefill.metrics().get("dsinfer:kv_transfer_held_blobs", -1) == 0,
+                       DEADLINE_S + 5, "held blobs released after the corrupted pull")
+            check(corrupt.metrics().get("dsinfer:kv_pages") == base_pages and
+                  corrupt.metrics().get("dsinfer:num_requests_running") == 0,
+                  "no pages leak: the decode worker's KV pages and running requests are back at "
+                  "their baseline, the prefill worker holds nothing")
+        finally:
+            router2.terminate()
+            router2.wait(timeout=20)
     finally:
         if router is not None and router.poll() is None:
             router.terminate()
