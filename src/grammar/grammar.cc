@@ -192,8 +192,11 @@ const char* GrammarKindName(GrammarKind kind) {
 
 Status CheckLimits(const GrammarSpec& spec, const Limits& limits) {
   const std::string what = GrammarKindName(spec.kind);
-  if (spec.text.size() > limits.max_text_bytes)
-    return InvalidArgument(what + " is longer than " + std::to_string(limits.max_text_bytes) +
+  const size_t max_bytes = spec.kind == GrammarKind::kStructuralTag
+                              ? limits.max_structural_tag_bytes
+                              : limits.max_text_bytes;
+  if (spec.text.size() > max_bytes)
+    return InvalidArgument(what + " is longer than " + std::to_string(max_bytes) +
                            " bytes");
   switch (spec.kind) {
     case GrammarKind::kJsonSchema: {

@@ -52,6 +52,9 @@ const char* GrammarKindName(GrammarKind kind);  // "json_schema", "json_object",
 // instead of seconds of compile time and unbounded memory.
 struct Limits {
   size_t max_text_bytes = 64 * 1024;  // a schema, regex or grammar's text
+  // A structural tag's text: it may carry a whole tool list's schemas (a forced tool call over
+  // an agent's tools); each embedded schema is still held to the bounds below.
+  size_t max_structural_tag_bytes = 1024 * 1024;
   int max_json_depth = 32;            // nesting of a schema's JSON document
   size_t max_enum_values = 1024;      // enum / const values summed over a schema
   size_t max_choices = 256;           // guided_choice entries

@@ -249,6 +249,13 @@ TEST(Compiler, PathologicalSpecsAreBoundedByTheLimits) {
       "pattern repeats");
   ExpectRejected({.kind = GrammarKind::kRegex, .text = "x{1,99999}"}, "repeats more than");
   ExpectRejected({.kind = GrammarKind::kRegex, .text = std::string(70000, 'a')}, "longer than");
+  // A structural tag may carry a tool list's schemas: 1 MiB, not 64 KiB.
+  const std::string padded_tag = R"j({"type":"structural_tag","format":{"type":"const_string",)j"
+                                 R"j("value":")j" +
+                                 std::string(70000, 'a') + "\"}}";
+  EXPECT_TRUE(CheckLimits({.kind = GrammarKind::kStructuralTag, .text = padded_tag}, {}).ok());
+  ExpectRejected({.kind = GrammarKind::kStructuralTag, .text = std::string(1100000, ' ')},
+                 "longer than");
   GrammarSpec choices{.kind = GrammarKind::kChoice};
   for (int i = 0; i < 300; ++i) choices.choices.push_back("c" + std::to_string(i));
   ExpectRejected(choices, "more than 256 entries");

@@ -348,6 +348,28 @@ TEST_P(ToolCallGrammar, OneCallWithoutParallelCallsAndTheBlockOpenedForAny) {
   EXPECT_FALSE(ToolCallGrammarSpec(ToolRequest(version), ToolCallForcing::kNone, true)->has_value());
 }
 
+TEST_P(ToolCallGrammar, AnAgentsWholeToolListCompiles) {
+  // 32 tools of 12 parameters with long descriptions: ~200 KB of schemas, past the 64 KiB a
+  // schema given alone may have, is still a grammar (Limits::max_structural_tag_bytes).
+  text::ChatRequest chat = ToolRequest(GetParam());
+  chat.tools.clear();
+  for (int t = 0; t < 32; ++t) {
+    Json params = {{"type", "object"}, {"properties", Json::object()}};
+    for (int p = 0; p < 12; ++p)
+      params["properties"]["p" + std::to_string(p)] = {{"type", "string"},
+                                                       {"description", std::string(480, 'd')}};
+    chat.tools.push_back({.name = "tool_" + std::to_string(t), .parameters_json = params.dump()});
+  }
+  auto spec = ToolCallGrammarSpec(chat, ToolCallForcing::kPromptOpened, true);
+  ASSERT_TRUE(spec.ok() && spec->has_value());
+  EXPECT_GT((*spec)->text.size(), size_t{150000});
+  auto compiled = compiler_->Compile(**spec);
+  EXPECT_TRUE(compiled.ok()) << compiled.status().ToString();
+  EXPECT_TRUE(Accepts(**spec, RenderedCalls(GetParam(), {{.name = "tool_31",
+                                                          .arguments = R"j({"p3":"x"})j"}}),
+                      true));
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, ToolCallGrammar,
                          ::testing::Values(text::ModelVersion::kV4, text::ModelVersion::kV41),
                          [](const ::testing::TestParamInfo<text::ModelVersion>& version) {
