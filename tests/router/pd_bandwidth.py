@@ -8,42 +8,22 @@ over loopback TCP (UCX_TLS=tcp, UCX_NET_DEVICES=lo). For each prompt length, --r
 + SHA-256 + release message). Then ucx_perftest (Debian's ucx-utils) measures ucp_get of the same
 message size between two processes over the same transport. Prints one table; exit 77 when
 ucx_perftest is missing.
-Usage: python3 tests/router/pd_bandwidth.py --dsinfer BUILD/apps/dsinfer --model DEMO_MODEL
+Usage (the routers' venv, tests/router/run.sh): python3 tests/router/pd_bandwidth.py --dsinfer BUILD/apps/dsinfer --model DEMO_MODEL
 """
 
 import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from router_test import free_port, http  # the routers' venv (tests/router/run.sh)
 
 MODEL = "dsinfer-demo"
 WORDS = ["alpha", "beta", "gamma", "delta", "orbit", "river", "stone", "ledger", "vector",
          "signal", "harbor", "quartz", "meadow", "cipher", "lantern", "summit"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(method, url, body=None, timeout=300):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
-        return 0, str(e)
 
 
 def metrics(url):
@@ -118,11 +98,12 @@ def main():
                         "max_tokens": 1, "temperature": 0,
                         "chat_template_kwargs": {"thinking": False}}
                 s, out = http("POST", urls["prefill"] + "/v1/chat/completions",
-                              dict(body, kv_transfer_params={"do_remote_decode": True}))
+                              dict(body, kv_transfer_params={"do_remote_decode": True}),
+                              timeout=300)
                 assert s == 200, out
                 params = json.loads(out)["kv_transfer_params"]
                 s, out = http("POST", urls["decode"] + "/v1/chat/completions",
-                              dict(body, kv_transfer_params=params))
+                              dict(body, kv_transfer_params=params), timeout=300)
                 assert s == 200, out
                 tokens = json.loads(out)["usage"]["prompt_tokens"]
             after = metrics(urls["decode"])
