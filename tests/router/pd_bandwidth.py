@@ -8,7 +8,8 @@ over loopback TCP (UCX_TLS=tcp, UCX_NET_DEVICES=lo). For each prompt length, --r
 + SHA-256 + release message). Then ucx_perftest (Debian's ucx-utils) measures ucp_get of the same
 message size between two processes over the same transport. Prints one table; exit 77 when
 ucx_perftest is missing.
-Usage (the routers' venv, tests/router/run.sh): python3 tests/router/pd_bandwidth.py --dsinfer BUILD/apps/dsinfer --model DEMO_MODEL
+Usage (the routers' venv, tests/router/run.sh):
+  python3 tests/router/pd_bandwidth.py --dsinfer BUILD/apps/dsinfer --model DEMO_MODEL
 """
 
 import argparse

@@ -1,5 +1,5 @@
-"""Short requests' TPOT while long prompts arrive: one colocated dsinfer server against prefill/decode
-disaggregation behind vllm-router, on the same cores (docs/PERF.md, "Prefill/decode
+"""Short requests' TPOT while long prompts arrive: one colocated dsinfer server against
+prefill/decode disaggregation behind vllm-router, on the same cores (docs/PERF.md, "Prefill/decode
 disaggregation: short requests' TPOT while long prompts arrive").
 
 Colocated: one `--role both` server with --threads 2 on cores 0-1. Disaggregated: a `--role
