@@ -36,6 +36,13 @@ void Sample(std::string* out, const std::string& name, double value,
   out->append(" ").append(Number(value)).append("\n");
 }
 
+// One unlabelled metric: its HELP / TYPE lines and its sample; a counter's sample is NAME_total.
+void Single(std::string* out, const std::string& name, const char* type, const std::string& help,
+            double value) {
+  Metric(out, name, type, help);
+  Sample(out, name + (std::string(type) == "counter" ? "_total" : ""), value);
+}
+
 // The RAM / disk tiers behind the prefix cache (runtime/kv_store.h), per tier where it applies.
 void RenderKvTier(std::string* out, const runtime::KvStoreStats& k) {
   const std::string p = "dsinfer:kv_tier_";
@@ -47,8 +54,7 @@ void RenderKvTier(std::string* out, const runtime::KvStoreStats& k) {
     Sample(out, sample, disk, "tier=\"disk\"");
   };
   auto counter = [&](const std::string& name, const std::string& help, double v) {
-    Metric(out, p + name, "counter", help);
-    Sample(out, p + name + "_total", v);
+    Single(out, p + name, "counter", help, v);
   };
   per_tier("entries", "gauge", "Entries held by the tier.", static_cast<double>(k.ram_entries),
            static_cast<double>(k.disk_entries));
@@ -251,8 +257,7 @@ std::string RenderKvTransferMetrics(const transfer::TransferStats& t) {
   std::string out;
   const std::string p = "dsinfer:kv_transfer_";
   auto one = [&](const std::string& name, const char* type, const std::string& help, double v) {
-    Metric(&out, p + name, type, help);
-    Sample(&out, p + name + (std::string(type) == "counter" ? "_total" : ""), v);
+    Single(&out, p + name, type, help, v);
   };
   one("held_blobs", "gauge", "Prefilled states held for a decode worker to pull.",
       static_cast<double>(t.held_blobs));
@@ -279,8 +284,7 @@ std::string RenderBootstrapRoomMetrics(const transfer::BootstrapRoomStats& b) {
   std::string out;
   const std::string p = "dsinfer:kv_transfer_bootstrap_rooms_";
   auto one = [&](const std::string& name, const char* type, const std::string& help, double v) {
-    Metric(&out, p + name, type, help);
-    Sample(&out, p + name + (std::string(type) == "counter" ? "_total" : ""), v);
+    Single(&out, p + name, type, help, v);
   };
   one("waiting", "gauge", "Published bootstrap rooms no decode worker has taken yet.",
       static_cast<double>(b.waiting_rooms));

@@ -205,13 +205,14 @@ Result<std::optional<GrammarSpec>> ToolCallGrammarSpec(const text::ChatRequest& 
   const text::DsmlTags tags = text::DsmlTagsFor(chat.version);
   const std::string dsml = text::kDsmlToken;
   Json calls = Json::array();
+  const Json no_parameters = {{"type", "object"}, {"properties", Json::object()}};
   for (const text::ToolDefinition& tool : chat.tools) {
-    Json schema = Json{{"type", "object"}, {"properties", Json::object()}};  // no parameters
+    Json schema = no_parameters;  // no schema given, or null
     if (tool.parameters_json) {
       schema = Json::parse(*tool.parameters_json, nullptr, /*allow_exceptions=*/false);
       if (schema.is_discarded())
         return FieldError("tools", "parameters of '" + tool.name + "' are not valid JSON");
-      if (schema.is_null()) schema = Json{{"type", "object"}, {"properties", Json::object()}};
+      if (schema.is_null()) schema = no_parameters;
     }
     // As the template renders a call (chat_render.cc AppendToolCallsBlock): the invoke line, one
     // parameter per line, the closing tag.
