@@ -34,7 +34,7 @@ import time
 
 from pd_test import (MODEL, Worker, chat_body, f32, logprob_list, post, prompt_lengths, prompts,
                      sized_prompts)
-from router_test import free_port, http, wait_until
+from router_test import Results, free_port, http, wait_until
 
 BOOTSTRAP_TIMEOUT_S = 5
 HTTP_503 = 'dsinfer:http_responses_total{code="503"}'
@@ -56,15 +56,8 @@ def main():
     ap.add_argument("--fault-requests", type=int, default=8)
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
-    passed, failed = 0, 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("PASS " if ok else "FAIL ") + what, flush=True)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    tally = Results()
+    check = tally.check
 
     decode_flags = ["--bootstrap-timeout", str(BOOTSTRAP_TIMEOUT_S)]
     both = Worker(args, "sg-both", "both")
@@ -345,8 +338,8 @@ def main():
             router.wait(timeout=20)
         for w in workers:
             w.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    print(f"{tally.passed} passed, {tally.failed} failed")
+    return 0 if tally.failed == 0 else 1
 
 
 if __name__ == "__main__":

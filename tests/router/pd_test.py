@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from router_test import Replica, free_port, http, wait_until
+from router_test import Replica, Results, free_port, http, wait_until
 
 MODEL = "dsinfer-demo"
 DEADLINE_S = 3
@@ -146,15 +146,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=6)
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
-    passed, failed = 0, 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("PASS " if ok else "FAIL ") + what, flush=True)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    tally = Results()
+    check = tally.check
 
     both = Worker(args, "both", "both")
     prefill = Worker(args, "prefill", "prefill")
@@ -357,8 +350,8 @@ def main():
             router.wait(timeout=20)
         for w in workers:
             w.stop()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    print(f"{tally.passed} passed, {tally.failed} failed")
+    return 0 if tally.failed == 0 else 1
 
 
 if __name__ == "__main__":
