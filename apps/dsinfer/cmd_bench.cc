@@ -15,6 +15,7 @@
 #include "args.h"
 #include "backend/cpu/cpu_model.h"
 #include "backend/cpu/peak.h"
+#include "backend/op_profile.h"
 #include "commands.h"
 #include "core/membw.h"
 #include "model/weights.h"
@@ -88,8 +89,9 @@ class ModelBench {
  public:
   ModelBench(const model::ModelWeights& weights, backend::cpu::CpuModel& cpu, ThreadPool& pool,
              double read_gbps, double peak_gmacs, int repeats, int decode_steps, std::FILE* csv,
-             int threads)
+             int threads, backend::OpProfile* profile)
       : cpu_(cpu),
+        profile_(profile),
         pool_(pool),
         read_gbps_(read_gbps),
         peak_gmacs_(peak_gmacs),
@@ -108,6 +110,7 @@ class ModelBench {
     for (auto& t : chunk) t = token_(rng_);
     std::vector<double> step_s;
     std::unique_ptr<backend::cpu::SequenceState> extended;
+    ClearProfile();
     for (int r = 0; r < repeats_; ++r) {
       extended = state->Copy();
       backend::cpu::ForwardOutput out;
@@ -119,6 +122,7 @@ class ModelBench {
     state = std::move(extended);
     const auto n = static_cast<int64_t>(chunk.size());
     Report({"prefill", 1, context, n, n / Median(step_s), StepBytes(), 0, -1, 0, StepMacs()});
+    PrintProfile(repeats_);
     return true;
   }
 
@@ -132,6 +136,7 @@ class ModelBench {
     std::vector<int32_t> toks(batch);  // [B] one new token per sequence
     std::vector<backend::cpu::ForwardOutput> outs(batch);
     std::vector<backend::cpu::SequenceChunk> chunks(batch);
+    ClearProfile();
     for (int step = 0; step < decode_steps_; ++step) {
       for (int i = 0; i < batch; ++i) {
         toks[i] = token_(rng_);
@@ -143,6 +148,7 @@ class ModelBench {
       steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
     Report("decode", batch, prefilled.n_tokens(), batch, steps);
+    PrintProfile(decode_steps_);
     return true;
   }
 
@@ -150,6 +156,7 @@ class ModelBench {
   // of `chunk_len` tokens in the same forward. Throughput counts every token of the step.
   bool Mixed(const backend::cpu::SequenceState& prefilled, int batch, int chunk_len) {
     StepSamples steps;
+    ClearProfile();
     for (int r = 0; r < repeats_; ++r) {
       std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
       for (int i = 0; i < batch; ++i)
@@ -171,6 +178,7 @@ class ModelBench {
       steps.Add(Seconds(t0), StepBytes(), StepMacs(), gbps);
     }
     Report("mixed", batch, prefilled.n_tokens(), batch + chunk_len, steps);
+    PrintProfile(repeats_);
     return true;
   }
 
@@ -226,6 +234,15 @@ class ModelBench {
   }
 
  private:
+  // --profile: each workload's timed steps are profiled op by op (backend/op_profile.h); the
+  // table follows its row. Steps outside a workload (the verify sweep) are not shown.
+  void ClearProfile() {
+    if (profile_) profile_->Clear();
+  }
+  void PrintProfile(int steps) {
+    if (profile_) std::printf("%s\n", profile_->Table(steps).c_str());
+  }
+
   // A short read-bandwidth probe right before a step: on a shared machine the bandwidth drifts
   // by 2x within a minute, so each step is set against the bandwidth of its own moment and the
   // reported share is the median of those per-step ratios. The probe's 256 MiB buffer (twice
@@ -283,6 +300,7 @@ class ModelBench {
   }
 
   backend::cpu::CpuModel& cpu_;
+  backend::OpProfile* profile_;  // --profile; null: none
   ThreadPool& pool_;
   int64_t peak_rss_ = 0;  // the peak-RSS mark before the last bandwidth probe reset it
   double read_gbps_;
@@ -301,7 +319,7 @@ int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
       "[--mixed-chunk N] [--verify K] [--decode N] [--repeats N] [--threads N] [--memory BYTES] "
-      "[--csv FILE] "
+      "[--csv FILE] [--profile] "
       "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
   if (argc >= 2 && std::strcmp(argv[1], "serve") == 0) return RunBenchServe(argc - 1, argv + 1);
@@ -313,7 +331,7 @@ int RunBench(int argc, char** argv) {
   if (!args.Parse(argc - 1, argv + 1,
                   {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
                    "numerics", "batch", "mixed-chunk", "memory", "weights", "verify"},
-                  {}) ||
+                  {"profile"}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
@@ -389,8 +407,13 @@ int RunBench(int argc, char** argv) {
                  "workload,batch,context,threads,bandwidth_gbps,tok_s,step_bytes,roofline_tok_s,"
                  "ratio,peak_rss_bytes,step_macs,peak_gmacs,compute_roof_tok_s\n");
   }
+  // --profile times every op of the measured steps; the per-call clock reads (two per op, some
+  // hundreds per step) cost microseconds against steps of tens of milliseconds and more.
+  backend::OpProfile profile;
+  if (args.Has("profile")) (*cpu)->set_op_profile(&profile);
   ModelBench bench(*weights, **cpu, pool, bw.read_gbps, peak.gmacs, static_cast<int>(repeats),
-                   static_cast<int>(decode), csv, pool.size());
+                   static_cast<int>(decode), csv, pool.size(),
+                   args.Has("profile") ? &profile : nullptr);
   // One sequence grows from frontier to frontier (each prefill step is the chunk between two
   // frontiers); decode and mixed steps run on copies of it at each frontier.
   auto state = (*cpu)->NewSequence();

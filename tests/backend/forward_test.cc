@@ -2,7 +2,9 @@
 // one-shot prefill exactly (same per-row arithmetic), sequence state resets cleanly, MTP runs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "backend/cpu/cpu_model.h"
@@ -281,6 +283,62 @@ TEST(Forward, MtpChunkingIsExactAndLogitsAreFinite) {
   part1.insert(part1.end(), part2.begin(), part2.end());
   EXPECT_EQ(one_shot, part1);
   for (float v : one_shot) ASSERT_TRUE(std::isfinite(v));
+}
+
+// bench model --profile runs the program through ProfiledOps: the same bits come out, every op
+// kind the step runs is counted, and the times add up to no more than the step's wall time.
+TEST(Forward, ProfiledStepsComputeTheSameBitsAndCountEveryOp) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-a");
+  ThreadPool pool(2);
+  auto plain = CpuModel::Create(w, Numerics::Official(), pool);
+  auto profiled = CpuModel::Create(w, Numerics::Official(), pool);
+  ASSERT_TRUE(plain.ok() && profiled.ok());
+  OpProfile profile;
+  (*profiled)->set_op_profile(&profile);
+  // 140 tokens reach the indexer's top-k and the first HCA row, so every attention kind runs.
+  auto ids = RandomIds(140, w.config().vocab_size, 11);
+  auto run = [&](CpuModel& m) {
+    std::vector<float> logits = RunChunks(m, ids, {100, 40});
+    auto state = m.NewSequence();
+    ForwardOutput out;
+    EXPECT_TRUE(m.Forward(*state, ids, {.want_hidden = true}, &out).ok());
+    std::vector<int32_t> next(ids.begin() + 1, ids.end());
+    std::vector<float> mtp;
+    auto mtp_state = m.NewSequence();
+    const int64_t HD = int64_t{w.config().hc_mult} * w.config().hidden;
+    EXPECT_TRUE(m.ForwardMtp(*mtp_state, std::span<const float>(out.hidden).first(139 * HD),
+                             next, &mtp)
+                    .ok());
+    logits.insert(logits.end(), mtp.begin(), mtp.end());
+    return logits;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<float> got = run(**profiled);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(got, run(**plain));
+
+  std::map<std::string, int64_t> calls;
+  for (const auto& e : profile.Sorted()) calls[e.op] = e.calls;
+  const int layers = w.config().n_layers;
+  // Three steps of the backbone (two chunks and the one-shot run), one MTP call.
+  EXPECT_EQ(calls["begin_step"], 4);
+  EXPECT_EQ(calls["moe experts (routed + shared)"], 3 * layers + 1);
+  EXPECT_EQ(calls["linear head"], 3 + 1);
+  EXPECT_EQ(calls["linear mtp.e_proj"], 1);
+  EXPECT_GT(calls["sparse_attention window+selected"], 0);
+  EXPECT_GT(calls["sparse_attention window+all compressed"], 0);
+  EXPECT_GT(calls["indexer_select"], 0);
+  EXPECT_GT(calls["compressor_pool kv"], 0);
+  EXPECT_GT(profile.TotalSeconds(), 0.0);
+  EXPECT_LE(profile.TotalSeconds(), wall);
+  // Sorted most expensive first; the table names every op and ends with the total.
+  const auto sorted = profile.Sorted();
+  for (size_t i = 1; i < sorted.size(); ++i) EXPECT_GE(sorted[i - 1].seconds, sorted[i].seconds);
+  const std::string table = profile.Table(4);
+  for (const auto& e : sorted) EXPECT_NE(table.find("| " + e.op + " |"), std::string::npos);
+  EXPECT_NE(table.find("| all ops |"), std::string::npos);
+  profile.Clear();
+  EXPECT_TRUE(profile.Sorted().empty());
 }
 
 }  // namespace

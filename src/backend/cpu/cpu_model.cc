@@ -97,7 +97,7 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   }
   V4Forward::StepResult result;
   DSINFER_RETURN_IF_ERROR(
-      program_.Step(ops_, {segments, tokens, logit_rows, hidden_rows}, &result));
+      program_.Step(ops(), {segments, tokens, logit_rows, hidden_rows}, &result));
   // Hand each chunk its rows of the results, in the order they were asked for.
   const int64_t V = c.vocab_size, HD = int64_t{c.hc_mult} * c.hidden;
   size_t li = 0, hi = 0;
@@ -140,7 +140,7 @@ Status CpuModel::RunMtp(SequenceState& state, std::span<const float> hidden,
     return InvalidArgument("ForwardMtp: the sequence state belongs to another model");
   const Segment seg{0, n, state.mtp_n_tokens(), &state};
   DSINFER_RETURN_IF_ERROR(
-      program_.Mtp(ops_, 0, seg, next_tokens, hidden, logits, last_row_logits, last_hidden));
+      program_.Mtp(ops(), 0, seg, next_tokens, hidden, logits, last_row_logits, last_hidden));
   state.AdvanceMtp(state.mtp_n_tokens() + n);
   return Status::Ok();
 }
@@ -169,7 +169,7 @@ Status CpuModel::ForwardMtpBatch(std::span<const MtpChunk> chunks) {
   }
   if (chunks.empty()) return Status::Ok();
   std::vector<float> logits, streams;  // [logit_rows, vocab], [stream_rows, hc, hidden]
-  DSINFER_RETURN_IF_ERROR(program_.MtpRows(ops_, 0, segments, next, hidden, logit_rows, &logits,
+  DSINFER_RETURN_IF_ERROR(program_.MtpRows(ops(), 0, segments, next, hidden, logit_rows, &logits,
                                            stream_rows, &streams));
   const int64_t V = config().vocab_size;
   size_t li = 0, hi = 0;

@@ -14,6 +14,7 @@
 #include "backend/cpu/sequence_state.h"
 #include "backend/forward_types.h"
 #include "backend/numerics.h"
+#include "backend/op_profile.h"
 #include "backend/page_allocator.h"
 #include "backend/v4_forward.h"
 #include "core/sha256.h"
@@ -72,6 +73,11 @@ class CpuModel {
   // Pages of states made from now on come from `pages`.
   void UsePages(std::shared_ptr<PageAllocator> pages) { pages_ = std::move(pages); }
   const StepStats& last_step_stats() const { return ops_.stats(); }
+  // From now on every op of every step and MTP call is timed into `profile` (null: none, the
+  // default). Results are unchanged (backend/op_profile.h); for benchmarks.
+  void set_op_profile(OpProfile* profile) {
+    profiled_ = profile ? std::make_unique<ProfiledOps>(ops_, *profile) : nullptr;
+  }
 
   std::unique_ptr<SequenceState> NewSequence() const;
   void Reset(SequenceState& state) const;
@@ -126,7 +132,11 @@ class CpuModel {
   const model::ModelWeights& weights_;
   Numerics numerics_;
   V4Forward program_;
+  // The ops the program runs: ops_, or ops_ behind the profiler.
+  V4Ops& ops() { return profiled_ ? static_cast<V4Ops&>(*profiled_) : ops_; }
+
   CpuOps ops_;
+  std::unique_ptr<ProfiledOps> profiled_;  // set_op_profile's wrapper of ops_; null: none
   model::StateLayout layout_;
   std::shared_ptr<PageAllocator> pages_;
   mutable std::optional<Sha256Digest> fingerprint_;
