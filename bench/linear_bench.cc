@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
                         {"fp4 expert w2 4096x2048", WeightFormat::kFp4Packed, 4096, 2048},
                         {"fp8 dense 4096x4096", WeightFormat::kFp8Block, 4096, 4096},
                         {"fp8 q-up 32768x1024", WeightFormat::kFp8Block, 32768, 1024},
+                        {"fp8 o-down 4096x8192", WeightFormat::kFp8Block, 4096, 8192},
+                        {"bf16 o-group 1024x4096", WeightFormat::kBF16, 1024, 4096},
                         {"bf16 head 8192x4096", WeightFormat::kBF16, 8192, 4096}};
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).rfind(only, 0) != 0) continue;

@@ -462,6 +462,36 @@ TEST(Linear, Bf16DotTokenResultIsIndependentOfTheBatch) {
   }
 }
 
+// A prefill chunk whose bf16 activations exceed the many-token kernel's 8 MiB block runs in
+// token blocks (each passes over all row tiles): every token's result is still the one it gets
+// in a batch that fits one block. 8192 columns are 16 KiB of bf16 per token: 520 tokens are two
+// blocks of 260 (43 groups of 6 and a remainder), 1100 tokens three; FP8 and bf16 (the o-proj
+// formats), rows not a multiple of the 16-row tile.
+TEST(Linear, Bf16DotTokenBlocksGiveTheResultsOfOneBlock) {
+  if (!bf16dot::Available())
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or DSINFER_CPU_BF16DOT=0)";
+  ThreadPool pool(2);
+  for (WeightFormat f : {WeightFormat::kFp8Block, WeightFormat::kBF16}) {
+    const int64_t rows = 40, cols = 8192;
+    HostWeight w = MakeMatrix(f, rows, cols, 60);
+    ASSERT_TRUE(bf16dot::Applies(w.view));
+    for (int64_t m : {520, 1100}) {
+      auto x = MakeTokens(m, cols, true, 61);
+      std::vector<float> blocked(m * rows, NAN), small(m * rows, NAN);
+      bf16dot::MatMulRows(w.view, 0, rows, x.data(), Iota(m), blocked.data(), rows, pool);
+      // The reference: batches of 96 tokens (1.5 MiB, one block, the many-token kernel too).
+      for (int64_t t0 = 0; t0 < m; t0 += 96) {
+        std::vector<int64_t> tokens;
+        for (int64_t t = t0; t < std::min(m, t0 + 96); ++t) tokens.push_back(t);
+        bf16dot::MatMulRows(w.view, 0, rows, x.data(), tokens, small.data(), rows, pool);
+      }
+      for (int64_t i = 0; i < m * rows; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(small[i]), std::bit_cast<uint32_t>(blocked[i]))
+            << "token " << i / rows << " of " << m << " row " << i % rows;
+    }
+  }
+}
+
 // FP4 scale codes at the ends of the e8m0 range: 0 is 2^-127 (a subnormal scale, exact in the
 // fp32 multiply), 255 is NaN and poisons only its rows' outputs.
 TEST(Linear, Bf16DotScaleCodesAtTheEnds) {

@@ -47,6 +47,11 @@ constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token grou
 // 24 tokens (linear_bench --mib 512, 4096 x 4096 and 32768 x 1024, two rounds): 16: -9 to -11 %,
 // 20: +0-4 %, 24: +5-8 %; FP4 16: -3 to -5 %, 32: +0-3 %.
 constexpr int64_t kManyTokensMinBf16 = 12;
+// The many-token kernel's token block: the bf16 activations every row tile reads (docs/PERF.md,
+// "Prefill GEMMs: activations blocked to stay in cache"). 8 MiB: on the Zen 4 VM (32 MiB L3)
+// 8 MiB of activations ran at full speed in one block and 16 MiB at two thirds of it; blocks of
+// 4 MiB lost ~9 % where 8 MiB would have fit (the weights are read once per block).
+constexpr int64_t kActivationBlockBytes = int64_t{8} << 20;
 constexpr int64_t kManyTokensMinFp8 = 20;
 constexpr int64_t kManyTokensMinFp4 = 40;
 
@@ -718,20 +723,36 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
   }
   const int64_t n_tiles = (row_end - row_begin + kRowTile - 1) / kRowTile;
   if (many) {
-    pool.ParallelForRange(
-        n_tiles,
-        [&](int64_t ta, int64_t tb) {
-          ConvertedTile& converted =
-              ThreadTile(w.format == WeightFormat::kBF16 ? 0 : k / kBlockCols);
-          for (int64_t tile = ta; tile < tb; ++tile) {
-            const int64_t r0 = row_begin + tile * kRowTile;
-            const int64_t r1 = std::min(row_end, r0 + kRowTile);
-            const int64_t next_r1 = tile + 1 < tb ? std::min(row_end, r1 + kRowTile) : r1;
-            ManyTokenTile(w, r0, r1, r1, next_r1, xb, x_group, n_tok, tokens.data(),
-                          y + (r0 - row_begin), ldy, converted);
-          }
-        },
-        1);
+    // Tokens in blocks whose activations stay in the last-level cache while every row tile
+    // passes over them: each tile reads all of its block's activations, so with all tokens at
+    // once a prefill chunk (2048 tokens x 8192 columns: 32 MiB of bf16) came from DRAM once per
+    // 16-row tile. Blocks are whole token groups, and a token's sums do not depend on its group
+    // or block, so the results are those of one block (the batch-invariance tests).
+    // The fewest blocks of at most kActivationBlockBytes, of equal size (a last block of a few
+    // tokens would pay a whole pass over the weights and their conversion for them).
+    const int64_t n_groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
+    const int64_t group_bytes = x_group * int64_t{sizeof(uint16_t)};
+    const int64_t n_blocks = std::max<int64_t>(
+        1, (n_groups * group_bytes + kActivationBlockBytes - 1) / kActivationBlockBytes);
+    const int64_t block_tokens = (n_groups + n_blocks - 1) / n_blocks * kGroupTokens;
+    for (int64_t s0 = 0; s0 < n_tok; s0 += block_tokens) {
+      const int64_t nb = std::min(block_tokens, n_tok - s0);
+      const uint16_t* xblock = xb + s0 / kGroupTokens * x_group;
+      pool.ParallelForRange(
+          n_tiles,
+          [&](int64_t ta, int64_t tb) {
+            ConvertedTile& converted =
+                ThreadTile(w.format == WeightFormat::kBF16 ? 0 : k / kBlockCols);
+            for (int64_t tile = ta; tile < tb; ++tile) {
+              const int64_t r0 = row_begin + tile * kRowTile;
+              const int64_t r1 = std::min(row_end, r0 + kRowTile);
+              const int64_t next_r1 = tile + 1 < tb ? std::min(row_end, r1 + kRowTile) : r1;
+              ManyTokenTile(w, r0, r1, r1, next_r1, xblock, x_group, nb, tokens.data() + s0,
+                            y + (r0 - row_begin), ldy, converted);
+            }
+          },
+          1);
+    }
     return;
   }
   const int64_t x_block = n_tok * kBlockCols;  // one group: block b of slot s at b x_block + 128 s
