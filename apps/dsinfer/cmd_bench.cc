@@ -200,6 +200,7 @@ class ModelBench {
       std::vector<backend::cpu::ForwardOutput> outs(batch);
       std::vector<backend::cpu::SequenceChunk> chunks(batch);
       const backend::cpu::ForwardOptions rows{.all_logits = k > 0, .want_hidden = k > 0};
+      ClearProfile();
       for (int step = 0; step < decode_steps_; ++step) {
         for (auto& t : toks) t = token_(rng_);
         for (int i = 0; i < batch; ++i)
@@ -216,6 +217,8 @@ class ModelBench {
       }
       step_s[k] = Median(samples);
       step_mb[k] = Median(megabytes);
+      if (profile_) std::printf("verify batch %d, k %d:\n", batch, k);
+      PrintProfile(decode_steps_);
     }
     for (int k = 0; k <= max_k; ++k) {
       std::printf(
@@ -235,7 +238,7 @@ class ModelBench {
 
  private:
   // --profile: each workload's timed steps are profiled op by op (backend/op_profile.h); the
-  // table follows its row. Steps outside a workload (the verify sweep) are not shown.
+  // table follows its row (the verify sweep: one table per k, before its rows).
   void ClearProfile() {
     if (profile_) profile_->Clear();
   }

@@ -35,6 +35,13 @@ constexpr int kVecWords = 32;    // bf16 per vector
 constexpr int kRowTile = 16;     // rows per task unit: a tile's weights stay in L2 across passes
 constexpr int kMaxTokens = 16;   // tokens per pass over a row tile (16 accumulators)
 constexpr int kChunkBlocks = 8;  // blocks per column chunk (a multiple of 4), see DotTile
+// Up to this many tokens a row tile streams whole rows (no column chunks; weights prefetched into
+// L2 four row steps ahead, which the L1 prefetcher follows): the tokens' activations stay in L1
+// anyway (4 x 8 KiB at 4096 columns). Was 2: at 3 tokens the column chunks' row segments, 16 rows
+// apart, ran bf16 at 58-74 % of the read probe, FP8 at 51-60 %, FP4 at 27-32 %; streamed, 98 %,
+// 64-69 % and 49-57 % (linear_bench --mib 512, Zen 4 VM, docs/PERF.md "Verify steps: 3-4 tokens
+// stream whole rows"); at 4 tokens bf16 66-71 % -> 86-93 %, FP8 / FP4 unchanged within noise.
+constexpr int kStreamMaxTokens = 4;
 // The many-token kernel (see ManyTokenTile).
 constexpr int kGroupTokens = 6;       // tokens per register block
 constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token group
@@ -230,12 +237,12 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
                               : F == WeightFormat::kFp8Block ? kBlockCols
                                                              : kBlockCols * 2;
   // Weights are prefetched kPrefetchRowSteps row steps ahead (measured on Zen 4, docs/PERF.md).
-  // With column chunks (T >= 3) each row is read in 0.5-2 KiB segments 16 rows apart, which the
+  // With column chunks (T > kStreamMaxTokens) each row is read in 0.5-2 KiB segments 16 rows apart, which the
   // hardware prefetcher does not follow: into L1, +30-50 % at 8 tokens (into L2 only: slower).
-  // At one or two tokens whole rows stream: into L2 only, four row steps ahead, which the L1
+  // At up to kStreamMaxTokens tokens whole rows stream: into L2 only, four row steps ahead, which the L1
   // prefetcher then follows (FP4 at one token +50 % against L1 prefetches, +100 % against none;
   // bf16 +20 %, where L1 prefetches lost 5-15 %).
-  constexpr int kPrefetchRowSteps = T > 2 ? 2 : 4;
+  constexpr int kPrefetchRowSteps = T > kStreamMaxTokens ? 2 : 4;
   // The loops over rows and tokens are unrolled in full (the pragmas) so that acc stays in
   // registers: at 16 tokens GCC otherwise kept it in memory, 2x slower.
   __m512 acc[R][T];
@@ -258,7 +265,7 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
         const uint8_t* ahead = w.data + ahead_row * row_bytes + b * kBlockBytes;
         for (int line = 0; line < kBlockBytes; line += 64) {
           const char* p = reinterpret_cast<const char*>(ahead + line);
-          if constexpr (T > 2)
+          if constexpr (T > kStreamMaxTokens)
             PrefetchToL1(p);
           else
             PrefetchToL2(p);
@@ -335,10 +342,11 @@ DSINFER_BF16DOT_TARGET void DotTile(const WeightMatrix& w, int64_t r0, int64_t r
   constexpr int kPass = kBf16 && T > 8 ? 8 : T;  // tokens of the first pass
   constexpr int kRest = T - kPass;               // tokens of the second pass (bf16 past 8)
   const int64_t blocks = w.cols / kBlockCols;
-  // One or two tokens' activations stay in L1 anyway; there whole rows stream start to end, which
+  // A few tokens' activations stay in L1 anyway; there whole rows stream start to end, which
   // the hardware prefetcher follows from DotRows' L2 prefetches (16 interleaved row segments
   // measured slower from DRAM).
-  const int64_t chunk_blocks = T <= 2 ? blocks : T <= 8 ? kChunkBlocks : kChunkBlocks / 2;
+  const int64_t chunk_blocks =
+      T <= kStreamMaxTokens ? blocks : T <= 8 ? kChunkBlocks : kChunkBlocks / 2;
   const int n_rows = static_cast<int>(r1 - r0);
   TileSums sums;
   for (int i = 0; i < n_rows; ++i)
