@@ -77,7 +77,8 @@ def main():
     store = extra + ["--kv-cache-dir", a.cache_dir, "--kv-cache-disk-gb", "1"]
     first = Server(a.dsinfer, a.model, store, a.log)
     for key in full:
-        check(complete(first, *key)[0] == reference[key], "full disk: request %s equals cold" % (key,))
+        check(complete(first, *key)[0] == reference[key],
+              "full disk: request %s equals cold" % (key,))
     m = settled_metrics(first)
     errors_full = metric(m, "dsinfer:kv_tier_store_errors_total")
     stores_full = metric(m, "dsinfer:kv_tier_stores_total")
@@ -91,7 +92,8 @@ def main():
     for key in read_only:
         first.post("/flush_cache", {})  # the hot cache is empty: a hit comes from the tiers
         got, cached = complete(first, *key)
-        check(got == reference[key], "read-only: request %s equals cold (%d cached)" % (key, cached))
+        check(got == reference[key],
+              "read-only: request %s equals cold (%d cached)" % (key, cached))
     m = settled_metrics(first)
     errors_ro = metric(m, "dsinfer:kv_tier_store_errors_total")
     check(errors_ro > errors_full, "read-only: %d more writes failed (EROFS), counted"

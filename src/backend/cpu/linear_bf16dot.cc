@@ -54,13 +54,13 @@ constexpr int kGroupChunkBlocks = 8;  // blocks per column chunk of a token grou
 // 24 tokens (linear_bench --mib 512, 4096 x 4096 and 32768 x 1024, two rounds): 16: -9 to -11 %,
 // 20: +0-4 %, 24: +5-8 %; FP4 16: -3 to -5 %, 32: +0-3 %.
 constexpr int64_t kManyTokensMinBf16 = 12;
-// The many-token kernel's token block: the bf16 activations every row tile reads (docs/PERF.md,
-// "Prefill GEMMs: activations blocked to stay in cache"). 8 MiB: on the Zen 4 VM (32 MiB L3)
-// 8 MiB of activations ran at full speed in one block and 16 MiB at two thirds of it; blocks of
-// 4 MiB lost ~9 % where 8 MiB would have fit (the weights are read once per block).
-constexpr int64_t kActivationBlockBytes = int64_t{8} << 20;
 constexpr int64_t kManyTokensMinFp8 = 20;
 constexpr int64_t kManyTokensMinFp4 = 40;
+// The many-token kernel's token block: the bf16 activations every row tile reads (docs/PERF.md,
+// "Prefill op by op; activations in token blocks"). 8 MiB: on the Zen 4 VM (32 MiB L3) 8 MiB of
+// activations ran at full speed in one block and 16 MiB at two thirds of it; blocks of 4 MiB lost
+// ~9 % where 8 MiB would have fit (the weights are read, and converted, once per block).
+constexpr int64_t kActivationBlockBytes = int64_t{8} << 20;
 
 // Position 32 j + p of block b (vector j, word p) holds column 128 b + BlockColumn(f, j, p): the
 // order the conversions below produce, so the activations are permuted once per call instead of
@@ -237,11 +237,11 @@ DSINFER_BF16DOT_TARGET void DotRows(const WeightMatrix& w, int64_t r, int tile_r
                               : F == WeightFormat::kFp8Block ? kBlockCols
                                                              : kBlockCols * 2;
   // Weights are prefetched kPrefetchRowSteps row steps ahead (measured on Zen 4, docs/PERF.md).
-  // With column chunks (T > kStreamMaxTokens) each row is read in 0.5-2 KiB segments 16 rows apart, which the
-  // hardware prefetcher does not follow: into L1, +30-50 % at 8 tokens (into L2 only: slower).
-  // At up to kStreamMaxTokens tokens whole rows stream: into L2 only, four row steps ahead, which the L1
-  // prefetcher then follows (FP4 at one token +50 % against L1 prefetches, +100 % against none;
-  // bf16 +20 %, where L1 prefetches lost 5-15 %).
+  // With column chunks (T > kStreamMaxTokens) each row is read in 0.5-2 KiB segments 16 rows
+  // apart, which the hardware prefetcher does not follow: into L1, +30-50 % at 8 tokens (into L2
+  // only: slower). Up to kStreamMaxTokens tokens whole rows stream: into L2 only, four row steps
+  // ahead, which the L1 prefetcher then follows (FP4 at one token +50 % against L1 prefetches,
+  // +100 % against none; bf16 +20 %, where L1 prefetches lost 5-15 %).
   constexpr int kPrefetchRowSteps = T > kStreamMaxTokens ? 2 : 4;
   // The loops over rows and tokens are unrolled in full (the pragmas) so that acc stays in
   // registers: at 16 tokens GCC otherwise kept it in memory, 2x slower.
