@@ -465,8 +465,8 @@ TEST(Linear, Bf16DotTokenResultIsIndependentOfTheBatch) {
 // A prefill chunk whose bf16 activations exceed the many-token kernel's 8 MiB block runs in
 // token blocks (each passes over all row tiles): every token's result is still the one it gets
 // in a batch that fits one block. 8192 columns are 16 KiB of bf16 per token: 520 tokens are two
-// blocks of 260 (43 groups of 6 and a remainder), 1100 tokens three; FP8 and bf16 (the o-proj
-// formats), rows not a multiple of the 16-row tile.
+// blocks (264 and 256 tokens: 44 groups of 6, then 42 and a group of 4), 1100 tokens three (372,
+// 372, 356); FP8 and bf16 (the o-proj formats), rows not a multiple of the 16-row tile.
 TEST(Linear, Bf16DotTokenBlocksGiveTheResultsOfOneBlock) {
   if (!bf16dot::Available())
     GTEST_SKIP() << "no AVX512-BF16 on this CPU (or DSINFER_CPU_BF16DOT=0)";

@@ -736,12 +736,13 @@ void MatMulRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, const
     // once a prefill chunk (2048 tokens x 8192 columns: 32 MiB of bf16) came from DRAM once per
     // 16-row tile. Blocks are whole token groups, and a token's sums do not depend on its group
     // or block, so the results are those of one block (the batch-invariance tests).
-    // The fewest blocks of at most kActivationBlockBytes, of equal size (a last block of a few
-    // tokens would pay a whole pass over the weights and their conversion for them).
+    // The fewest blocks that hold at most kActivationBlockBytes of the tokens' activations,
+    // of equal size in whole groups (a last block of a few tokens would pay a whole pass over
+    // the weights and their conversion for them). 512 tokens x 8192 columns: one block.
     const int64_t n_groups = (n_tok + kGroupTokens - 1) / kGroupTokens;
-    const int64_t group_bytes = x_group * int64_t{sizeof(uint16_t)};
+    const int64_t token_bytes = k * int64_t{sizeof(uint16_t)};
     const int64_t n_blocks = std::max<int64_t>(
-        1, (n_groups * group_bytes + kActivationBlockBytes - 1) / kActivationBlockBytes);
+        1, (n_tok * token_bytes + kActivationBlockBytes - 1) / kActivationBlockBytes);
     const int64_t block_tokens = (n_groups + n_blocks - 1) / n_blocks * kGroupTokens;
     for (int64_t s0 = 0; s0 < n_tok; s0 += block_tokens) {
       const int64_t nb = std::min(block_tokens, n_tok - s0);
