@@ -5,7 +5,7 @@
 // its kernels are queued, so its time there is launch cost, not work (the GPU keeps its phase
 // marks, V4Ops::Mark).
 // The wrapper forwards every argument and result unchanged, so a profiled step computes the same
-// bits as an unprofiled one (tests/backend OpProfile.*).
+// bits as an unprofiled one (tests/backend/forward_test.cc, Forward.ProfiledSteps...).
 #pragma once
 
 #include <chrono>
