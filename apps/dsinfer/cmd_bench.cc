@@ -187,15 +187,19 @@ class ModelBench {
   // back to where it was, for k = 0 (the plain decode step) .. max_k. Prints each step's cost
   // relative to the 1-row step, and the decode rate the measured costs give at draft acceptance
   // rates 0.5 / 0.7 / 0.9: with per-token acceptance a, a step emits (1 - a^(k+1)) / (1 - a)
-  // tokens per sequence on average. The drafts' own cost (k MTP-block calls per sequence) is
-  // not in the step.
+  // tokens per sequence on average. With an MTP block (V4's mtp.0) the drafting is timed too,
+  // as the engine runs it (Engine::AdvanceDrafts): one batched MTP call over the step's verified
+  // rows with the head on the last (at most the k + 1 rows, all drafts accepted), then k - 1
+  // chained one-row calls; the rate with drafts counts both.
   bool Verify(const backend::cpu::SequenceState& prefilled, int batch, int max_k) {
     std::vector<std::unique_ptr<backend::cpu::SequenceState>> states;
     for (int i = 0; i < batch; ++i) states.push_back(prefilled.Copy());
     std::vector<double> step_s(static_cast<size_t>(max_k) + 1);   // [k] median seconds
     std::vector<double> step_mb(static_cast<size_t>(max_k) + 1);  // [k] median MB read
+    std::vector<double> draft_s(static_cast<size_t>(max_k) + 1);  // [k] median drafting seconds
+    const bool drafts = cpu_.CheckMtpBlock().ok() && cpu_.config().n_mtp_layers > 0;
     for (int k = 0; k <= max_k; ++k) {
-      std::vector<double> samples, megabytes;
+      std::vector<double> samples, megabytes, draft_samples;
       std::vector<int32_t> toks(static_cast<size_t>(batch) * (k + 1));  // [B, k + 1]
       std::vector<backend::cpu::ForwardOutput> outs(batch);
       std::vector<backend::cpu::SequenceChunk> chunks(batch);
@@ -212,11 +216,17 @@ class ModelBench {
         if (!cpu_.ForwardBatch(chunks).ok()) return false;
         samples.push_back(Seconds(t0));
         megabytes.push_back(StepBytes() / 1e6);
+        if (drafts && k > 0) {
+          const double s_draft = Draft(states, toks, outs, k);
+          if (s_draft < 0) return false;
+          draft_samples.push_back(s_draft);
+        }
         for (auto& st : states)
           if (!cpu_.Truncate(*st, prefilled.n_tokens()).ok()) return false;
       }
       step_s[k] = Median(samples);
       step_mb[k] = Median(megabytes);
+      draft_s[k] = Median(draft_samples);
       if (profile_) std::printf("verify batch %d, k %d:\n", batch, k);
       PrintProfile(decode_steps_);
     }
@@ -232,11 +242,61 @@ class ModelBench {
                     per_step * step_s[0] / step_s[k]);
       }
       std::printf("\n");
+      if (drafts && k > 0) {
+        const double total = step_s[k] + draft_s[k];
+        std::printf("verify  batch %3d context %6lld: k %d with drafting (%d MTP calls): %8.1f ms "
+                    "+ %.1f ms = %.3fx the 1-row step",
+                    batch, static_cast<long long>(prefilled.n_tokens()), k, k, step_s[k] * 1e3,
+                    draft_s[k] * 1e3, total / step_s[0]);
+        for (double a : {0.5, 0.7, 0.9}) {
+          const double per_step = (1 - std::pow(a, k + 1)) / (1 - a);
+          std::printf("  a=%.1f: %.2f tok/s (%.2fx)", a, batch * per_step / total,
+                      per_step * step_s[0] / total);
+        }
+        std::printf("\n");
+      }
     }
     return true;
   }
 
  private:
+  // The drafting after a verify step with k drafts per sequence, as Engine::AdvanceDrafts runs
+  // it: each sequence's MTP stream catches up on the step's k + 1 rows (their final streams,
+  // random next tokens) with the head on the last row, then k - 1 chained one-row calls on the
+  // block's own last streams. The MTP streams start from position 0 (a fresh stream: at this
+  // bench's contexts its window holds every row either way) and are rolled back after.
+  // Returns the seconds of the MTP calls, or -1 when one fails.
+  double Draft(std::vector<std::unique_ptr<backend::cpu::SequenceState>>& states,
+               const std::vector<int32_t>& toks, const std::vector<backend::cpu::ForwardOutput>& outs,
+               int k) {
+    const size_t batch = states.size();
+    std::vector<std::vector<float>> logits(batch), streams(batch), inputs(batch);
+    std::vector<int32_t> prev(batch);  // [B] each chained call's input token
+    std::vector<backend::cpu::MtpChunk> runs(batch);
+    for (size_t i = 0; i < batch; ++i)
+      runs[i] = {states[i].get(), outs[i].hidden,
+                 std::span<const int32_t>(toks.data() + i * (k + 1), static_cast<size_t>(k) + 1),
+                 &logits[i], k > 1 ? &streams[i] : nullptr};
+    double seconds = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    if (!cpu_.ForwardMtpBatch(runs).ok()) return -1;
+    seconds += Seconds(t0);
+    for (int j = 1; j < k; ++j) {
+      for (size_t i = 0; i < batch; ++i) {
+        prev[i] = token_(rng_);
+        inputs[i] = streams[i];
+        runs[i] = {states[i].get(), inputs[i], std::span<const int32_t>(&prev[i], 1), &logits[i],
+                   j + 1 < k ? &streams[i] : nullptr};
+      }
+      t0 = std::chrono::steady_clock::now();
+      if (!cpu_.ForwardMtpBatch(runs).ok()) return -1;
+      seconds += Seconds(t0);
+    }
+    for (auto& st : states)
+      if (!cpu_.TruncateMtp(*st, 0).ok()) return -1;
+    return seconds;
+  }
+
   // --profile: each workload's timed steps are profiled op by op (backend/op_profile.h); the
   // table follows its row (the verify sweep: one table per k, before its rows).
   void ClearProfile() {

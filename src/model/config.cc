@@ -367,15 +367,17 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
     c.moe_inter = 128;
     c.window = 64, c.index_n_heads = 4, c.index_head_dim = 64, c.index_topk = 64, c.hc_mult = 4;
     c.n_mtp_layers = 1;
-  } else if (name == "bench") {
+  } else if (name == "bench" || name == "bench-mtp") {
     // Real V4-Flash layer dimensions (spec §1), only 3 layers (window, CSA, HCA) so it fits in
-    // 24 GiB: ~12 GB of weights, most of it 3 x 256 FP4 experts.
+    // 24 GiB: ~12 GB of weights, most of it 3 x 256 FP4 experts. bench-mtp adds V4's MTP block
+    // (~4 GB more) so that speculative drafting can be timed at real sizes (bench model
+    // --verify).
     c.vocab_size = 129280, c.hidden = 4096, c.n_layers = 3, c.compress_ratios = {0, 4, 128, 0};
     c.n_hash_layers = 1, c.n_heads = 64, c.head_dim = 512, c.rope_dim = 64, c.q_lora_rank = 1024;
     c.o_groups = 8, c.o_lora_rank = 1024, c.n_routed_experts = 256, c.n_experts_per_tok = 6;
     c.moe_inter = 2048, c.window = 128, c.index_n_heads = 64, c.index_head_dim = 128,
     c.index_topk = 512;
-    c.hc_mult = 4, c.n_mtp_layers = 0;
+    c.hc_mult = 4, c.n_mtp_layers = name == "bench-mtp" ? 1 : 0;
   } else {
     auto v41 = internal::V41PresetConfig(name);
     if (v41.ok() || v41.status().code() != StatusCode::kNotFound) return v41;
@@ -388,7 +390,7 @@ Result<ModelConfig> PresetConfig(const std::string& name) {
 }
 
 std::vector<std::string> PresetNames() {
-  std::vector<std::string> names = {"tiny-a", "tiny-b", "tiny-c", "demo", "bench"};
+  std::vector<std::string> names = {"tiny-a", "tiny-b", "tiny-c", "demo", "bench", "bench-mtp"};
   for (std::string& n : internal::V41PresetNames()) names.push_back(std::move(n));
   return names;
 }
