@@ -20,7 +20,20 @@ for b in "  1" "  3"; do
     grep -q "^verify  batch $b context     48: k $k ($((k + 1)) rows/seq): step .* the 1-row step, reads .* MB  a=0.5: " "$work/out.txt"
   done
 done
+# tiny-a has V4's MTP block: each k >= 1 is also timed with its drafting (k MTP calls).
+for b in "  1" "  3"; do
+  for k in 1 2; do
+    grep -q "^verify  batch $b context     48: k $k with drafting ($k MTP calls): .* ms + .* ms = .*x the 1-row step  a=0.5: " "$work/out.txt"
+  done
+done
 grep -q "context 100000000 skipped: batch 3 needs" "$work/out.txt"
+# --profile: a per-op table after each workload, the layer program's ops by name, and a total.
+"$dsinfer" bench model --model "$work/model" --context 16 --batch 1 --decode 1 --repeats 1 \
+  --mixed-chunk 0 --threads 2 --profile >"$work/profile.txt"
+grep -q "^| op | calls/step | ms/step | share |" "$work/profile.txt"
+grep -q "^| moe experts (routed + shared) | " "$work/profile.txt"
+grep -q "^| linear head | " "$work/profile.txt"
+[[ "$(grep -c "^| all ops | " "$work/profile.txt")" == 2 ]]  # prefill and decode
 grep -q "^peak resident memory: " "$work/out.txt"
 grep -q "^sequence state at context 48: .* KB/token" "$work/out.txt"
 python3 - "$work/out.csv" <<'PY'
