@@ -197,7 +197,7 @@ class ModelBench {
     std::vector<double> step_s(static_cast<size_t>(max_k) + 1);   // [k] median seconds
     std::vector<double> step_mb(static_cast<size_t>(max_k) + 1);  // [k] median MB read
     std::vector<double> draft_s(static_cast<size_t>(max_k) + 1);  // [k] median drafting seconds
-    const bool drafts = cpu_.CheckMtpBlock().ok() && cpu_.config().n_mtp_layers > 0;
+    const bool drafts = cpu_.CheckMtpBlock().ok();  // a V4 MTP block (none: not Ok)
     for (int k = 0; k <= max_k; ++k) {
       std::vector<double> samples, megabytes, draft_samples;
       std::vector<int32_t> toks(static_cast<size_t>(batch) * (k + 1));  // [B, k + 1]
@@ -473,10 +473,10 @@ int RunBench(int argc, char** argv) {
   // --profile times every op of the measured steps; the per-call clock reads (two per op, some
   // hundreds per step) cost microseconds against steps of tens of milliseconds and more.
   backend::OpProfile profile;
-  if (args.Has("profile")) (*cpu)->set_op_profile(&profile);
+  backend::OpProfile* const op_profile = args.Has("profile") ? &profile : nullptr;
+  (*cpu)->set_op_profile(op_profile);
   ModelBench bench(*weights, **cpu, pool, bw.read_gbps, peak.gmacs, static_cast<int>(repeats),
-                   static_cast<int>(decode), csv, pool.size(),
-                   args.Has("profile") ? &profile : nullptr);
+                   static_cast<int>(decode), csv, pool.size(), op_profile);
   // One sequence grows from frontier to frontier (each prefill step is the chunk between two
   // frontiers); decode and mixed steps run on copies of it at each frontier.
   auto state = (*cpu)->NewSequence();
