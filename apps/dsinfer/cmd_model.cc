@@ -192,18 +192,24 @@ int RunGenerate(int argc, char** argv) {
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
       "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] "
-      "[--speculative-tokens 0..4]";
+      "[--speculative-tokens 0..4 [--draft-min-confidence P]]";
   Args args;
   if (!args.Parse(
           argc, argv,
           {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed",
-           "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens"},
+           "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens",
+           "draft-min-confidence"},
           {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
                                              : args.error());
   long long max_tokens = 32, top_k = 0, seed = 0, threads = 0, speculative_tokens = 0;
   double temperature = 0.0, top_p = 1.0;
+  double draft_min_confidence = runtime::EngineOptions{}.draft_min_confidence;
+  if (!args.GetDouble("draft-min-confidence", &draft_min_confidence))
+    return Usage(usage, args.error());
+  if (!(draft_min_confidence >= 0 && draft_min_confidence <= 1))
+    return Usage(usage, "--draft-min-confidence must be in [0, 1]");
   if (!args.GetInt("max-tokens", &max_tokens) || !args.GetInt("top-k", &top_k) ||
       !args.GetInt("speculative-tokens", &speculative_tokens) || !args.GetInt("seed", &seed) ||
       !args.GetInt("threads", &threads) || !args.GetDouble("temperature", &temperature) ||
@@ -300,6 +306,7 @@ int RunGenerate(int argc, char** argv) {
     eo.numerics = *numerics;
     eo.enable_prefix_cache = false;
     eo.speculative_tokens = static_cast<int>(speculative_tokens);
+    eo.draft_min_confidence = draft_min_confidence;
     auto engine = runtime::Engine::Create(*weights, eo, std::move(runner).value());
     if (!engine.ok()) return Fail(engine.status());
     runtime::RequestParams rp;

@@ -50,7 +50,7 @@ constexpr const char* kUsage =
     "              [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-cache-memory "
     "BYTES|NGiB|NMiB|FRACTION]\n"
     "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
-    "              [--speculative-tokens 0..4]\n"
+    "              [--speculative-tokens 0..4 [--draft-min-confidence P]]\n"
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
     "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
     "[--device cpu|cuda|cuda:N]\n"
@@ -172,6 +172,7 @@ int RunServe(int argc, char** argv) {
                    "kv-cache-disk-gb",
                    "kv-cache-ram-gb",
                    "speculative-tokens",
+                   "draft-min-confidence",
                    "role",
                    "kv-transfer-deadline",
                    "bootstrap-timeout",
@@ -184,6 +185,7 @@ int RunServe(int argc, char** argv) {
   long long max_tokens_limit = 32768, default_max_tokens = 0, max_connections = 256;
   long long max_body = 8 * 1024 * 1024;
   double shutdown_timeout = 30;
+  double draft_min_confidence = runtime::EngineOptions{}.draft_min_confidence;
   if (!args.GetInt("port", &port) || !args.GetInt("max-num-seqs", &max_num_seqs) ||
       !args.GetInt("max-num-batched-tokens", &max_batched) ||
       !args.GetInt("max-queue", &max_queue) || !args.GetInt("max-model-len", &max_model_len) ||
@@ -192,12 +194,14 @@ int RunServe(int argc, char** argv) {
       !args.GetInt("max-connections", &max_connections) ||
       !args.GetInt("max-body-bytes", &max_body) ||
       !args.GetInt("speculative-tokens", &speculative_tokens) ||
-      !args.GetDouble("shutdown-timeout", &shutdown_timeout))
+      !args.GetDouble("shutdown-timeout", &shutdown_timeout) ||
+      !args.GetDouble("draft-min-confidence", &draft_min_confidence))
     return Usage(args.error());
   if (port < 0 || port > 65535 || max_num_seqs < 1 || max_batched < 1 || max_queue < 1 ||
       max_model_len < 0 || threads < 0 || max_tokens_limit < 1 || default_max_tokens < 0 ||
       max_connections < 1 || max_body < 1024 || shutdown_timeout < 0 || speculative_tokens < 0 ||
-      speculative_tokens > runtime::kMaxSpeculativeTokens)
+      speculative_tokens > runtime::kMaxSpeculativeTokens ||
+      !(draft_min_confidence >= 0 && draft_min_confidence <= 1))
     return Usage("a numeric flag is out of range");
 
   runtime::EngineOptions engine_options;
@@ -207,6 +211,7 @@ int RunServe(int argc, char** argv) {
   engine_options.max_queue = static_cast<int>(max_queue);
   engine_options.max_model_len = max_model_len;
   engine_options.speculative_tokens = static_cast<int>(speculative_tokens);
+  engine_options.draft_min_confidence = draft_min_confidence;
   if (auto kv = args.Get("kv-cache-memory")) {
     if (!ParseMemory(*kv, &engine_options.kv_cache_bytes))
       return Usage("--kv-cache-memory must be bytes, NGiB, NMiB or a fraction of RAM like 0.3");

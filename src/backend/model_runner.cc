@@ -65,7 +65,16 @@ class CpuRunner final : public ModelRunner {
     return model_->Truncate(Cpu(state), n_tokens);
   }
   Status CheckSpeculation(int n_draft) const override {
-    DSINFER_RETURN_IF_ERROR(model_->CheckMtpBlock().WithContext("speculative decoding"));
+    if (model_->CheckDspark().ok()) {
+      // dSpark drafts one block of block_size rows: at most that many drafts per step.
+      const int block = model_->config().dspark.block_size;
+      if (n_draft > block)
+        return InvalidArgument("speculative decoding: " + std::to_string(n_draft) +
+                               " draft tokens, more than the dSpark block proposes (" +
+                               std::to_string(block) + ")");
+    } else {
+      DSINFER_RETURN_IF_ERROR(model_->CheckMtpBlock().WithContext("speculative decoding"));
+    }
     // A verify step writes n_draft + 1 positions, of which up to n_draft are rolled back; the
     // MTP stream chains n_draft - 1 positions past the backbone.
     if (n_draft < 0 || n_draft > model_->layout().rollback_tokens)
@@ -88,6 +97,35 @@ class CpuRunner final : public ModelRunner {
                    runs[i].last_hidden};
     }
     return model_->ForwardMtpBatch(chunks);
+  }
+  Status CheckDspark() const override { return model_->CheckDspark(); }
+  int64_t HiddenWidth() const override { return model_->HiddenWidth(); }
+  Status DsparkSeed(std::span<const DsparkSeedRun> runs) override {
+    std::vector<cpu::SequenceState*> states(runs.size());
+    std::vector<std::span<const float>> hidden(runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].state == nullptr) return InvalidArgument("DsparkSeed: a run has no state");
+      states[i] = &Cpu(*runs[i].state);
+      hidden[i] = runs[i].hidden;
+    }
+    return model_->DsparkSeedBatch(states, hidden);
+  }
+  Status DsparkDraft(std::span<const DsparkDraftRun> runs) override {
+    std::vector<cpu::SequenceState*> states(runs.size());
+    std::vector<int32_t> tokens(runs.size());
+    std::vector<std::vector<float>*> logits(runs.size()), x(runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].state == nullptr) return InvalidArgument("DsparkDraft: a run has no state");
+      states[i] = &Cpu(*runs[i].state);
+      tokens[i] = runs[i].token;
+      logits[i] = runs[i].logits;
+      x[i] = runs[i].x;
+    }
+    return model_->DsparkDraftBatch(states, tokens, logits, x);
+  }
+  Status DsparkMarkov(std::span<const int32_t> prev, std::span<const float> x,
+                      std::vector<float>* bias, std::vector<float>* confidence) override {
+    return model_->DsparkMarkov(prev, x, bias, confidence);
   }
   Status TruncateMtp(RunnerState& state, int64_t n) override {
     return model_->TruncateMtp(Cpu(state), n);

@@ -38,6 +38,21 @@ struct MtpRun {
   std::vector<float>* last_hidden = nullptr;  // out: [hc, hidden] f32 of the last row, or null
 };
 
+// One sequence's part of a batched dSpark seeding (ModelRunner::DsparkSeed).
+struct DsparkSeedRun {
+  RunnerState* state = nullptr;
+  std::span<const float> hidden;  // [n, HiddenWidth()] the backbone's captures at the stages'
+                                  // next positions [MtpTokens, + n)
+};
+
+// One sequence's dSpark draft block (ModelRunner::DsparkDraft).
+struct DsparkDraftRun {
+  RunnerState* state = nullptr;  // its stage rings hold every backbone position
+  int32_t token = 0;             // the pending token, at position n_tokens
+  std::vector<float>* logits = nullptr;  // out: [block, vocab] f32 before the Markov bias
+  std::vector<float>* x = nullptr;       // out: [block, hidden] f32 collapsed streams
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -130,6 +145,33 @@ class ModelRunner {
   virtual Status TruncateMtp(RunnerState& state, int64_t n) {
     (void)state, (void)n;
     return Unimplemented("TruncateMtp: " + device() + " runner");
+  }
+
+  // ---- speculative decoding with V4.1's dSpark stages (spec §14.6) ----------------------------
+  // The checkpoint has dSpark stages this runner drafts with (then CheckSpeculation is about
+  // them, MtpTokens counts the positions in the stages' rings, and ForwardOutput::hidden rows
+  // are HiddenWidth() floats: the mean streams entering each target layer).
+  virtual Status CheckDspark() const {
+    return Unimplemented("dSpark drafting: the " + device() + " runner");
+  }
+  // Floats per row of ForwardOutput::hidden (0: this runner returns none).
+  virtual int64_t HiddenWidth() const { return 0; }
+  // Feeds each run's positions into every stage's ring (advancing MtpTokens).
+  virtual Status DsparkSeed(std::span<const DsparkSeedRun> runs) {
+    (void)runs;
+    return Unimplemented("DsparkSeed: " + device() + " runner");
+  }
+  // The draft block of each run, in one pass over the stages' weights.
+  virtual Status DsparkDraft(std::span<const DsparkDraftRun> runs) {
+    (void)runs;
+    return Unimplemented("DsparkDraft: " + device() + " runner");
+  }
+  // The Markov bias [R, vocab] and confidence logits [R] of R draft rows: prev [R] the token
+  // before each row's prediction, x [R, hidden] the row's collapsed streams.
+  virtual Status DsparkMarkov(std::span<const int32_t> prev, std::span<const float> x,
+                              std::vector<float>* bias, std::vector<float>* confidence) {
+    (void)prev, (void)x, (void)bias, (void)confidence;
+    return Unimplemented("DsparkMarkov: " + device() + " runner");
   }
 
   // fn(0) .. fn(n - 1), on the runner's host threads where it has them, idle between steps (the

@@ -60,6 +60,9 @@ const char* WeightName(Weight weight) {
     case Weight::kHead: return "head";
     case Weight::kIndexWk: return "indexer.wk";
     case Weight::kEngramWkv: return "engram.wkv";
+    case Weight::kMainProj: return "dspark.main_proj";
+    case Weight::kMarkovHead: return "dspark.markov_head";
+    case Weight::kConfidence: return "dspark.confidence_head";
   }
   return "?";
 }
@@ -173,6 +176,12 @@ Status ProfiledOps::EngramGather(int layer, float* rows) {
 }
 Status ProfiledOps::EngramGate(int layer, const float* kv, float* H) {
   return Timed("engram", [&] { return inner_.EngramGate(layer, kv, H); });
+}
+Status ProfiledOps::DraftAttention(int layer, const float* q, const float* kv, float* o) {
+  return Timed("dspark attention", [&] { return inner_.DraftAttention(layer, q, kv, o); });
+}
+Status ProfiledOps::MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) {
+  return Timed("dspark markov embed", [&] { return inner_.MarkovEmbed(layer, ids, out); });
 }
 Status ProfiledOps::Route(int layer, bool hash, const float* x) {
   return Timed("moe route", [&] { return inner_.Route(layer, hash, x); });

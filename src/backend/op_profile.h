@@ -82,6 +82,8 @@ class ProfiledOps final : public V4Ops {
   Status EngramBegin() override;
   Status EngramGather(int layer, float* rows) override;
   Status EngramGate(int layer, const float* kv, float* H) override;
+  Status DraftAttention(int layer, const float* q, const float* kv, float* o) override;
+  Status MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) override;
   Status Route(int layer, bool hash, const float* x) override;
   Status Experts(int layer, const float* x, float* out) override;
   Status GatherRows(const float* src, std::span<const int64_t> rows, int64_t width,

@@ -1,5 +1,6 @@
 #include "backend/v4_forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -22,9 +23,32 @@ Status V4Forward::CheckTokens(std::span<const int32_t> tokens) const {
 Status V4Forward::CheckMtpBlock() const {
   if (config_.n_mtp_layers == 0) return FailedPrecondition("this checkpoint has no MTP block");
   if (config_.V41())
-    return Unimplemented(
-        "DeepSeek-V4.1's dSpark stages (mtp.*) are loaded and validated, but dSpark drafting is "
-        "not implemented");
+    return FailedPrecondition(
+        "DeepSeek-V4.1's mtp.* tensors are dSpark stages, not a V4 MTP block (they draft through "
+        "DsparkSeed / DsparkDraft)");
+  return Status::Ok();
+}
+
+Status V4Forward::CheckDspark() const {
+  if (!config_.V41() || config_.n_mtp_layers == 0 || config_.dspark.block_size <= 0)
+    return FailedPrecondition("this checkpoint has no dSpark stages");
+  return Status::Ok();
+}
+
+int64_t V4Forward::HiddenWidth() const {
+  if (CheckDspark().ok())
+    return static_cast<int64_t>(config_.dspark.target_layer_ids.size()) * config_.hidden;
+  return int64_t{config_.hc_mult} * config_.hidden;
+}
+
+Status V4Forward::OneHotCarry(V4Ops& ops, int64_t T, StepContext& ctx) const {
+  const int hc = config_.hc_mult;
+  DSINFER_ASSIGN_OR_RETURN(float* carry, ops.Get(Buf::kCarry, T * hc));  // [T, hc]
+  std::vector<float> one_hot(static_cast<size_t>(T * hc), 0.0f);
+  for (int64_t t = 0; t < T; ++t) one_hot[t * hc] = 1.0f;
+  DSINFER_RETURN_IF_ERROR(ops.Upload(one_hot.data(), T * hc, carry));
+  ctx.carry = carry;
+  ctx.carry_stride = hc;
   return Status::Ok();
 }
 
@@ -50,17 +74,34 @@ Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) c
   StepContext ctx;
   if (c.V41()) {
     // Single-pass mHC (spec §14.4): layer 0's attention collapses H with the one-hot pre.
-    DSINFER_ASSIGN_OR_RETURN(float* carry, ops.Get(Buf::kCarry, T * c.hc_mult));  // [T, hc]
-    std::vector<float> one_hot(static_cast<size_t>(T * c.hc_mult), 0.0f);
-    for (int64_t t = 0; t < T; ++t) one_hot[t * c.hc_mult] = 1.0f;
-    DSINFER_RETURN_IF_ERROR(ops.Upload(one_hot.data(), T * c.hc_mult, carry));
-    ctx.carry = carry;
-    ctx.carry_stride = c.hc_mult;
+    DSINFER_RETURN_IF_ERROR(OneHotCarry(ops, T, ctx));
     // Engram's n-gram row ids, once per step for every Engram layer (spec §14.5).
     if (c.engram.enabled()) DSINFER_RETURN_IF_ERROR(ops.EngramBegin());
   }
-  for (int li = 0; li < c.n_layers; ++li)
-    DSINFER_RETURN_IF_ERROR(Block(ops, plans_[li], T, n_segments, H, ctx));
+  // dSpark's input (spec §14.6): the mean over the hc streams entering each target layer (after
+  // its Engram), taken as the collapse with the uniform pre 1 / hc (a power of two: the same
+  // rounding as a mean).
+  const auto& targets = c.dspark.target_layer_ids;
+  const bool capture = !req.hidden_rows.empty() && CheckDspark().ok();
+  float* means = nullptr;    // [targets, T, D]
+  float* uniform = nullptr;  // [T, hc]
+  if (capture) {
+    const auto n_targets = static_cast<int64_t>(targets.size());
+    DSINFER_ASSIGN_OR_RETURN(means, ops.Get(Buf::kTargetMean, n_targets * T * D));
+    DSINFER_ASSIGN_OR_RETURN(uniform, ops.Get(Buf::kUniformPre, T * c.hc_mult));
+    const std::vector<float> pre(static_cast<size_t>(T * c.hc_mult), 1.0f / c.hc_mult);
+    DSINFER_RETURN_IF_ERROR(ops.Upload(pre.data(), T * c.hc_mult, uniform));
+  }
+  for (int li = 0; li < c.n_layers; ++li) {
+    const LayerPlan& plan = plans_[li];
+    if (plan.engram >= 0) DSINFER_RETURN_IF_ERROR(Engram(ops, plan, T, H));
+    if (capture)
+      for (size_t k = 0; k < targets.size(); ++k)
+        if (targets[k] == li)
+          DSINFER_RETURN_IF_ERROR(ops.HcCollapse(H, T, uniform, c.hc_mult,
+                                                 means + static_cast<int64_t>(k) * T * D));
+    DSINFER_RETURN_IF_ERROR(Block(ops, plan, T, n_segments, H, ctx));
+  }
 
   result->logits.clear();
   result->hidden.clear();
@@ -79,7 +120,19 @@ Status V4Forward::Step(V4Ops& ops, const StepRequest& req, StepResult* result) c
     }
   }
   const auto n_hidden = static_cast<int64_t>(req.hidden_rows.size());
-  if (n_hidden > 0) {
+  if (n_hidden > 0 && capture) {
+    // [n, targets, D] from each target's [T, D] rows.
+    const auto n_targets = static_cast<int64_t>(targets.size());
+    DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_hidden * D));  // [n, D]
+    std::vector<float> host(static_cast<size_t>(n_hidden * D));                 // [n, D]
+    result->hidden.resize(static_cast<size_t>(n_hidden * n_targets * D));
+    for (int64_t k = 0; k < n_targets; ++k) {
+      DSINFER_RETURN_IF_ERROR(ops.GatherRows(means + k * T * D, req.hidden_rows, D, rows));
+      DSINFER_RETURN_IF_ERROR(ops.Download(rows, n_hidden * D, host.data()));
+      for (int64_t r = 0; r < n_hidden; ++r)
+        std::copy_n(host.begin() + r * D, D, result->hidden.begin() + (r * n_targets + k) * D);
+    }
+  } else if (n_hidden > 0) {
     DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_hidden * HD));  // [n, hc, D]
     DSINFER_RETURN_IF_ERROR(ops.GatherRows(H, req.hidden_rows, HD, rows));
     result->hidden.resize(static_cast<size_t>(n_hidden * HD));
@@ -179,10 +232,9 @@ Status V4Forward::Block(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segm
   DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kY, T * D));             // [T, D]
   DSINFER_ASSIGN_OR_RETURN(float* mix, ops.Get(Buf::kMix, T * MixFloats()));  // [T, mix]
   if (plan.single_pass_hc) {
-    // V4.1 (spec §14.4, §14.5): Engram updates the streams before the block; each sublayer
-    // computes its mix from the current streams and collapses them with the pre carried from
-    // the previous sublayer, then passes its own pre on.
-    if (plan.engram >= 0) DSINFER_RETURN_IF_ERROR(Engram(ops, plan, T, H));
+    // V4.1 (spec §14.4): each sublayer computes its mix from the current streams and collapses
+    // them with the pre carried from the previous sublayer, then passes its own pre on. (Engram,
+    // §14.5, updated the streams before the block: Step.)
     DSINFER_ASSIGN_OR_RETURN(float* mix_ffn, ops.Get(Buf::kMixFfn, T * MixFloats()));  // [T, mix]
     DSINFER_RETURN_IF_ERROR(
         ops.HcPreCarried(L, HcSite::kAttn, H, ctx.carry, ctx.carry_stride, x, mix));
@@ -318,7 +370,6 @@ Result<Selection> V4Forward::Indexer(V4Ops& ops, const LayerPlan& plan, int64_t 
 Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_segments,
                             const float* x, float* out, StepContext& ctx) const {
   const model::ModelConfig& c = config_;
-  const Numerics& nm = numerics_;
   const int L = plan.layer;
   const int64_t H = c.n_heads, hd = c.head_dim, nope = c.NopeDim();
   const auto Q = LinearMode::kQuantized;
@@ -332,17 +383,14 @@ Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_
   if (plan.q_head_rms_norm) DSINFER_RETURN_IF_ERROR(ops.HeadRmsNorm(q, T * H, hd));
   DSINFER_RETURN_IF_ERROR(ops.Rope(L, q, RopeRows::kHeads, hd, nope, false));
 
-  // Window KV (spec §5.2): kv_norm(wkv x), RoPE on the tail, FP8 round trip of the nope dims
-  // (V4.1, §14.2: of all dims, in blocks of 32).
   DSINFER_ASSIGN_OR_RETURN(float* kv, ops.Get(Buf::kKv, T * hd));  // [T, hd]
-  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWkv, Q, x, T, kv));
-  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kKv, kv, T, hd));
-  DSINFER_RETURN_IF_ERROR(ops.Rope(L, kv, RopeRows::kTokens, hd, nope, false));
-  if (nm.kv_fp8_round_trip) {
-    if (plan.window_quant == model::WindowQuant::kFp8All32)
-      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, hd, hd, 32));
-    else
-      DSINFER_RETURN_IF_ERROR(ops.Fp8RoundTrip(kv, T, nope, hd, 64));
+  DSINFER_RETURN_IF_ERROR(WindowKv(ops, plan, T, x, kv));
+  DSINFER_ASSIGN_OR_RETURN(float* o, ops.Get(Buf::kO, T * H * hd));  // [T, H, hd]
+  if (plan.draft_block) {
+    // dSpark (spec §14.6): the block's rows over the stage's ring and each other; nothing kept.
+    DSINFER_RETURN_IF_ERROR(ops.DraftAttention(L, q, kv, o));
+    DSINFER_RETURN_IF_ERROR(ops.Rope(L, o, RopeRows::kHeads, hd, nope, true));
+    return OutputProjection(ops, plan, T, o, out);
   }
 
   // Compressed rows completed by this step become visible to its later queries.
@@ -362,21 +410,144 @@ Status V4Forward::Attention(V4Ops& ops, const LayerPlan& plan, int64_t T, int n_
   }
 
   // Sparse attention with sink over window + compressed rows, de-rotated at the query position.
-  DSINFER_ASSIGN_OR_RETURN(float* o, ops.Get(Buf::kO, T * H * hd));  // [T, H, hd]
   DSINFER_RETURN_IF_ERROR(
       ops.SparseAttention(L, plan.kv_source, plan.compress_ratio, q, kv, attend, o));
   DSINFER_RETURN_IF_ERROR(ops.Rope(L, o, RopeRows::kHeads, hd, nope, true));
   DSINFER_RETURN_IF_ERROR(ops.StoreWindow(L, kv));
   if (plan.runs_indexer && plan.single_pass_hc) ctx.published = std::move(selected);
   DSINFER_RETURN_IF_ERROR(ops.Mark(Phase::kAttentionPerSequence));
+  return OutputProjection(ops, plan, T, o, out);
+}
 
+Status V4Forward::OutputProjection(V4Ops& ops, const LayerPlan& plan, int64_t T, const float* o,
+                                   float* out) const {
   // Output (spec §5.7): wo_a per group (bf16, no activation quantization), then wo_b.
+  const model::ModelConfig& c = config_;
+  const int L = plan.layer;
   DSINFER_ASSIGN_OR_RETURN(float* z, ops.Get(Buf::kZ, T * c.o_groups * c.o_lora_rank));
   DSINFER_RETURN_IF_ERROR(ops.OutputProjectionA(L, o, z));
-  if (nm.round_bf16)
+  if (numerics_.round_bf16)
     DSINFER_RETURN_IF_ERROR(ops.ScaleRound(z, T * c.o_groups * c.o_lora_rank, 1.0f));
-  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWoB, Q, z, T, out));
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWoB, LinearMode::kQuantized, z, T, out));
   return ops.Mark(Phase::kAttentionDense);
+}
+
+Status V4Forward::WindowKv(V4Ops& ops, const LayerPlan& plan, int64_t T, const float* x,
+                           float* kv) const {
+  // Window KV (spec §5.2): kv_norm(wkv x), RoPE on the tail, FP8 round trip of the nope dims
+  // (V4.1, §14.2: of all dims, in blocks of 32).
+  const int L = plan.layer;
+  const int64_t hd = config_.head_dim, nope = config_.NopeDim();
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L, Weight::kWkv, LinearMode::kQuantized, x, T, kv));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L, Norm::kKv, kv, T, hd));
+  DSINFER_RETURN_IF_ERROR(ops.Rope(L, kv, RopeRows::kTokens, hd, nope, false));
+  if (!numerics_.kv_fp8_round_trip) return Status::Ok();
+  if (plan.window_quant == model::WindowQuant::kFp8All32)
+    return ops.Fp8RoundTrip(kv, T, hd, hd, 32);
+  return ops.Fp8RoundTrip(kv, T, nope, hd, 64);
+}
+
+Status V4Forward::DsparkSeed(V4Ops& ops, std::span<const Segment> segments,
+                             std::span<const float> hidden, std::vector<float>* main_x) const {
+  DSINFER_RETURN_IF_ERROR(CheckDspark());
+  const model::ModelConfig& c = config_;
+  const int64_t D = c.hidden, hd = c.head_dim, K = HiddenWidth();
+  int64_t T = 0;
+  for (const Segment& sg : segments) T += sg.n;
+  if (T == 0 || static_cast<int64_t>(hidden.size()) != T * K)
+    return InvalidArgument("DsparkSeed: hidden must be [n, targets * hidden] for the segments' " +
+                           std::to_string(T) + " positions");
+  // No token is read (the stages' input is the backbone's hidden state); BeginStep still wants
+  // one id per row for the positions.
+  const std::vector<int32_t> no_tokens(static_cast<size_t>(T), 0);
+  DSINFER_RETURN_IF_ERROR(ops.BeginStep(segments, no_tokens));
+  const int L0 = c.n_layers;
+  DSINFER_ASSIGN_OR_RETURN(float* in, ops.Get(Buf::kDsparkIn, T * K));  // [T, targets * D]
+  DSINFER_RETURN_IF_ERROR(ops.Upload(hidden.data(), T * K, in));
+  DSINFER_ASSIGN_OR_RETURN(float* mx, ops.Get(Buf::kMainX, T * D));  // [T, D]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(L0, Weight::kMainProj, LinearMode::kQuantized, in, T, mx));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(L0, Norm::kMain, mx, T, D));
+  if (main_x != nullptr) {
+    main_x->resize(static_cast<size_t>(T * D));
+    DSINFER_RETURN_IF_ERROR(ops.Download(mx, T * D, main_x->data()));
+  }
+  // Every stage keeps its own KV of the same main_x rows, at the backbone's positions.
+  DSINFER_ASSIGN_OR_RETURN(float* kv, ops.Get(Buf::kKv, T * hd));  // [T, hd]
+  for (int s = 0; s < c.n_mtp_layers; ++s) {
+    const LayerPlan& plan = plans_[c.n_layers + s];
+    DSINFER_RETURN_IF_ERROR(WindowKv(ops, plan, T, mx, kv));
+    DSINFER_RETURN_IF_ERROR(ops.StoreWindow(plan.layer, kv));
+  }
+  return Status::Ok();
+}
+
+Status V4Forward::DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
+                              std::span<const int32_t> tokens, std::vector<float>* logits,
+                              std::vector<float>* x) const {
+  DSINFER_RETURN_IF_ERROR(CheckDspark());
+  const model::ModelConfig& c = config_;
+  const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D, V = c.vocab_size;
+  const auto T = static_cast<int64_t>(tokens.size());
+  for (const Segment& sg : segments)
+    if (sg.n != c.dspark.block_size)
+      return InvalidArgument("DsparkDraft: a draft block has " + std::to_string(c.dspark.block_size) +
+                             " rows, not " + std::to_string(sg.n));
+  DSINFER_RETURN_IF_ERROR(CheckTokens(tokens).WithContext("DsparkDraft"));
+  DSINFER_RETURN_IF_ERROR(ops.BeginStep(segments, tokens));
+  // [token, noise...] embedded into every stream; single-pass mHC from the one-hot pre.
+  DSINFER_ASSIGN_OR_RETURN(float* H, ops.Get(Buf::kH, T * HD));  // [T, hc, D]
+  DSINFER_RETURN_IF_ERROR(ops.Embed(c.hc_mult, H));
+  StepContext ctx;
+  DSINFER_RETURN_IF_ERROR(OneHotCarry(ops, T, ctx));
+  for (int s = 0; s < c.n_mtp_layers; ++s)
+    DSINFER_RETURN_IF_ERROR(Block(ops, plans_[c.n_layers + s], T, static_cast<int>(segments.size()),
+                                  H, ctx));
+  // The head: the last stage's carried pre collapses the streams; its norm; the main vocabulary
+  // projection. The collapsed rows (before the norm) also feed the confidence head.
+  const int last = c.n_layers + c.n_mtp_layers - 1;
+  DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kHeadY, T * D));  // [T, D]
+  DSINFER_RETURN_IF_ERROR(ops.HcCollapse(H, T, ctx.carry, ctx.carry_stride, y));
+  x->resize(static_cast<size_t>(T * D));
+  DSINFER_RETURN_IF_ERROR(ops.Download(y, T * D, x->data()));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(last, Norm::kFinal, y, T, D));
+  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, T * V));  // [T, V]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kHead, LinearMode::kFp32, y, T, dl));
+  logits->resize(static_cast<size_t>(T * V));
+  return ops.Download(dl, T * V, logits->data());
+}
+
+Status V4Forward::DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev,
+                               std::span<const float> x, std::vector<float>* bias,
+                               std::vector<float>* confidence) const {
+  DSINFER_RETURN_IF_ERROR(CheckDspark());
+  const model::ModelConfig& c = config_;
+  const int64_t D = c.hidden, V = c.vocab_size, r = c.dspark.markov_rank;
+  const auto R = static_cast<int64_t>(prev.size());
+  if (R == 0 || static_cast<int64_t>(x.size()) != R * D)
+    return InvalidArgument("DsparkMarkov: x must be [n, hidden] for n previous tokens");
+  DSINFER_RETURN_IF_ERROR(CheckTokens(prev).WithContext("DsparkMarkov"));
+  const int last = c.n_layers + c.n_mtp_layers - 1;
+  // bias = markov_head (fp32) of the previous token's Markov embedding.
+  DSINFER_ASSIGN_OR_RETURN(float* e, ops.Get(Buf::kMarkovEmbed, R * r));  // [R, rank]
+  DSINFER_RETURN_IF_ERROR(ops.MarkovEmbed(last, prev, e));
+  DSINFER_ASSIGN_OR_RETURN(float* b, ops.Get(Buf::kMarkovBias, R * V));  // [R, V]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kMarkovHead, LinearMode::kFp32, e, R, b));
+  bias->resize(static_cast<size_t>(R * V));
+  DSINFER_RETURN_IF_ERROR(ops.Download(b, R * V, bias->data()));
+  // confidence = proj (fp32) of [x, Markov embedding].
+  std::vector<float> embed(static_cast<size_t>(R * r));  // [R, rank]
+  DSINFER_RETURN_IF_ERROR(ops.Download(e, R * r, embed.data()));
+  std::vector<float> joined(static_cast<size_t>(R * (D + r)));  // [R, D + rank]
+  for (int64_t i = 0; i < R; ++i) {
+    std::copy_n(x.begin() + i * D, D, joined.begin() + i * (D + r));
+    std::copy_n(embed.begin() + i * r, r, joined.begin() + i * (D + r) + D);
+  }
+  DSINFER_ASSIGN_OR_RETURN(float* ci, ops.Get(Buf::kConfidenceIn, R * (D + r)));
+  DSINFER_RETURN_IF_ERROR(ops.Upload(joined.data(), R * (D + r), ci));
+  DSINFER_ASSIGN_OR_RETURN(float* co, ops.Get(Buf::kConfidence, R));  // [R, 1]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kConfidence, LinearMode::kFp32, ci, R, co));
+  confidence->resize(static_cast<size_t>(R));
+  return ops.Download(co, R, confidence->data());
 }
 
 }  // namespace dsinfer::backend

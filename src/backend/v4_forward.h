@@ -28,12 +28,16 @@ class V4Forward {
     std::span<const Segment> segments;    // backbone positions; validated by the caller
     std::span<const int32_t> tokens;      // [T] the segments' tokens, in segment order
     std::span<const int64_t> logit_rows;  // rows of the step whose logits come back
-    std::span<const int64_t> hidden_rows;  // rows whose final streams come back (MTP input)
+    std::span<const int64_t> hidden_rows;  // rows whose drafting input comes back
   };
   struct StepResult {
     std::vector<float> logits;  // [logit_rows, vocab] f32
-    std::vector<float> hidden;  // [hidden_rows, hc, hidden] f32
+    std::vector<float> hidden;  // [hidden_rows, HiddenWidth()] f32
   };
+  // Floats per row of StepResult::hidden, the drafter's input: V4 the final streams [hc,
+  // hidden] (the MTP block's); V4.1 with dSpark stages the mean of the streams entering each
+  // target layer [targets, hidden] (spec §14.6).
+  int64_t HiddenWidth() const;
   // One batched step of the backbone over every segment.
   Status Step(V4Ops& ops, const StepRequest& request, StepResult* result) const;
 
@@ -57,11 +61,33 @@ class V4Forward {
                  std::span<const int64_t> logit_rows, std::vector<float>* logits,
                  std::span<const int64_t> stream_rows, std::vector<float>* streams) const;
 
+  // ---- V4.1 dSpark (spec §14.6) ----------------------------------------------------------------
+  // Feeds positions into every stage's ring: segments on the MTP stream (start_pos = its length
+  // before the call), hidden [T, targets * hidden] the backbone's captures at those positions
+  // (Step's hidden rows). main_x, when given, receives main_norm(main_proj(hidden)) [T, hidden].
+  Status DsparkSeed(V4Ops& ops, std::span<const Segment> segments, std::span<const float> hidden,
+                    std::vector<float>* main_x = nullptr) const;
+  // The draft block of every segment: n = block_size rows at start_pos = the stage rings'
+  // length (= the backbone's), tokens [T] = per segment [pending token, noise x (B - 1)]. Row i
+  // predicts the token at start_pos + i + 1. logits [T, vocab] before the Markov bias; x [T,
+  // hidden] the collapsed streams (the head's and the confidence head's input).
+  Status DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
+                     std::span<const int32_t> tokens, std::vector<float>* logits,
+                     std::vector<float>* x) const;
+  // The last stage's Markov bias and confidence for R draft rows: prev [R] the token before
+  // each row's prediction (the pending token for row 0, else the previous draft), x [R, hidden]
+  // the row's collapsed streams. bias [R, vocab] is added to the row's logits; confidence [R]
+  // is the confidence head's logit.
+  Status DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev, std::span<const float> x,
+                      std::vector<float>* bias, std::vector<float>* confidence) const;
+  // The checkpoint has dSpark stages this program runs.
+  Status CheckDspark() const;
+
   // A step's or an MTP call's token ids are in the vocabulary (the backends check before any
   // state changes); MTP's hidden streams are [next.size(), hc, hidden].
   Status CheckTokens(std::span<const int32_t> tokens) const;
   Status CheckMtpInputs(std::span<const int32_t> next, std::span<const float> hidden) const;
-  // The checkpoint has a V4 MTP block this program runs (not V4.1's dSpark stages).
+  // The checkpoint has a V4 MTP block this program runs (V4.1's mtp.* are dSpark stages).
   Status CheckMtpBlock() const;
 
   // Floats per token of the mHC mix buffer: pre [hc], post [hc], comb [hc, hc].
@@ -81,6 +107,15 @@ class V4Forward {
                StepContext& ctx) const;
   Status Attention(V4Ops& ops, const model::LayerPlan& plan, int64_t T, int n_segments,
                    const float* x, float* out, StepContext& ctx) const;
+  // kv [T, head_dim] = the window KV rows of x [T, hidden] at the step's positions (spec §5.2,
+  // §14.2): kv_norm(wkv x), RoPE on the tail, the numerics' round trip.
+  Status WindowKv(V4Ops& ops, const model::LayerPlan& plan, int64_t T, const float* x,
+                  float* kv) const;
+  // The attention output o [T, heads, head_dim] (de-rotated) to out [T, hidden] (spec §5.7).
+  Status OutputProjection(V4Ops& ops, const model::LayerPlan& plan, int64_t T, const float* o,
+                          float* out) const;
+  // V4.1's single-pass mHC starts from the one-hot pre [T, hc] (spec §14.4).
+  Status OneHotCarry(V4Ops& ops, int64_t T, StepContext& ctx) const;
   // Projects x into `which` compressor of the layer, pools completed groups, finishes them
   // (bf16, norm, RoPE at each group's first position, the numerics' round trip) and stores them.
   // A V4.1 kv source that is an index source also derives and stores the index keys.

@@ -59,6 +59,15 @@ enum class Buf : uint8_t {
   kEngramRows,  // [T, rows_per_token * engram head_dim] the gathered table rows
   kEngramKv,    // [T, (hc + 1) * hidden] Engram keys (hc) and value
   kHeadPre,     // [rows, MixFloats] the carried mixes of the rows that want logits
+  // V4.1 dSpark (spec §14.6)
+  kTargetMean,   // [targets, T, hidden] the streams' mean entering each target layer
+  kUniformPre,   // [T, hc] 1 / hc: the collapse that is that mean
+  kDsparkIn,     // [T, targets * hidden] the main hidden states fed to the stages
+  kMainX,        // [T, hidden] main_norm(main_proj(hidden))
+  kMarkovEmbed,  // [rows, markov_rank]
+  kMarkovBias,   // [rows, vocab]
+  kConfidenceIn,  // [rows, hidden + markov_rank]
+  kConfidence,    // [rows, 1]
   kCount
 };
 
@@ -79,6 +88,9 @@ enum class Weight : uint8_t {
   kHead,       // the vocabulary projection (layer ignored)
   kIndexWk,    // V4.1 kv + index source: index keys from the compressed latent
   kEngramWkv,  // V4.1 Engram: keys and value from the table rows
+  kMainProj,    // V4.1 dSpark stage 0: the target layers' hidden states to one row
+  kMarkovHead,  // V4.1 dSpark last stage: [vocab, markov_rank], the Markov bias's projection
+  kConfidence,  // V4.1 dSpark last stage: [1, hidden + markov_rank]
 };
 
 // Norm weights (layer -1: the main head's final norm).
@@ -93,6 +105,7 @@ enum class Norm : uint8_t {
   kH,
   kFinal,
   kIndexKey,  // V4.1: k_norm of the index keys
+  kMain,      // V4.1 dSpark stage 0: main_norm
 };
 
 enum class HcSite : uint8_t { kAttn, kFfn };
@@ -218,6 +231,15 @@ class V4Ops {
                                  const float* kv, const Selection* selected, float* o) = 0;
   // The step's window KV rows kv [T, head_dim] into each segment's ring of `layer`.
   virtual Status StoreWindow(int layer, const float* kv) = 0;
+
+  // ---- dSpark (V4.1, spec §14.6) ---------------------------------------------------------------
+  // A draft block's attention: each query row of q [T, heads, head_dim] attends (with the sink)
+  // over its segment's whole ring of `layer` before the block (positions [start_pos - window,
+  // start_pos)) and over every row of its own block in kv [T, head_dim]: no causal mask inside
+  // the block, and nothing is stored.
+  virtual Status DraftAttention(int layer, const float* q, const float* kv, float* o) = 0;
+  // out [ids.size(), markov_rank]: the rows of `layer`'s Markov embedding (bf16 values).
+  virtual Status MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) = 0;
 
   // ---- Engram (V4.1, spec §14.5) ----------------------------------------------------------------
   // The step's n-gram table row ids for every Engram layer, from the tokens and each sequence's

@@ -44,7 +44,7 @@ struct EngramConfig {
   int IndexOf(int layer) const;
 };
 
-// dSpark drafting stages (spec §14.6): loaded and validated; drafting is not implemented.
+// dSpark drafting stages (spec §14.6; backend/v4_forward.h, DsparkSeed / DsparkDraft).
 struct DsparkConfig {
   int block_size = 0;
   int noise_token_id = -1;

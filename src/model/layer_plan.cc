@@ -15,7 +15,11 @@ LayerPlan PlanV41(const ModelConfig& c, int li) {
   p.softmax_max_over_rows = true;
   p.compressed_quant = CompressedQuant::kFp4E4m3x16;
   p.single_pass_hc = true;
-  p.engram = c.engram.IndexOf(li);
+  // dSpark stages (spec §14.6) are window-only blocks on the MTP stream: their ring holds the
+  // stage's KV of the projected target hidden states, one row per backbone position.
+  p.mtp = li >= c.n_layers;
+  p.draft_block = p.mtp;
+  p.engram = p.mtp ? -1 : c.engram.IndexOf(li);
   p.index_hadamard = false;
   p.index_score_round_terms = true;
   if (p.compress_ratio == 0) return p;
@@ -44,7 +48,8 @@ LayerPlan PlanV41(const ModelConfig& c, int li) {
 std::vector<LayerPlan> PlanLayers(const ModelConfig& c) {
   std::vector<LayerPlan> plans;
   if (c.V41()) {
-    for (int li = 0; li < c.n_layers; ++li) plans.push_back(PlanV41(c, li));
+    const int n = c.dspark.block_size > 0 ? c.n_layers + c.n_mtp_layers : c.n_layers;
+    for (int li = 0; li < n; ++li) plans.push_back(PlanV41(c, li));
     return plans;
   }
   for (int li = 0; li < c.n_layers + c.n_mtp_layers; ++li) {

@@ -26,6 +26,10 @@ enum class CompressedQuant : uint8_t {
 struct LayerPlan {
   int layer = 0;        // index into ModelWeights::layers (backbone, then MTP)
   bool mtp = false;     // an MTP block (its own window state and position count)
+  // A V4.1 dSpark stage (spec §14.6): its ring holds the stage's KV of the projected target
+  // hidden states (fed by V4Forward::DsparkSeed); a draft block's rows attend over that ring and
+  // over each other (no causal mask), and store nothing.
+  bool draft_block = false;
   AttentionKind attention = AttentionKind::kSlidingWindow;
   // Compressor over the time axis (spec §5.3): rows of `compress_ratio` tokens, overlapping
   // (two halves of width head_dim, candidates from this and the previous group) or not.
@@ -74,8 +78,8 @@ struct LayerPlan {
   bool hash_routed = false;
 };
 
-// One plan per layer the forward runs: backbone layers first, then MTP layers (V4.1's dSpark
-// stages are loaded but not run: no plans for them).
+// One plan per layer the forward runs: backbone layers first, then MTP layers (V4.1: the dSpark
+// stages, whose window rings are the MTP stream).
 std::vector<LayerPlan> PlanLayers(const ModelConfig& config);
 
 }  // namespace dsinfer::model

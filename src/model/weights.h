@@ -110,7 +110,7 @@ struct EngramWeights {
   bool valid() const { return table.valid(); }
 };
 
-// V4.1 dSpark stage tensors (spec §14.6): loaded and validated; drafting is not implemented.
+// V4.1 dSpark stage tensors (spec §14.6), run by backend/v4_forward.h's DsparkSeed / DsparkDraft.
 struct DsparkWeights {
   WeightMatrix main_proj;        // stage 0: [hidden, hidden * targets] fp8
   TensorView main_norm;          // stage 0: [hidden] bf16

@@ -359,10 +359,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
     cpu.n_threads = options.n_threads;
     DSINFER_ASSIGN_OR_RETURN(runner, backend::MakeCpuRunner(weights, options.numerics, cpu));
   }
+  if (!(options.draft_min_confidence >= 0 && options.draft_min_confidence <= 1))
+    return InvalidArgument("engine options: draft_min_confidence must be in [0, 1]");
   if (options.speculative_tokens > 0)
     DSINFER_RETURN_IF_ERROR(runner->CheckSpeculation(options.speculative_tokens));
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
+  // V4.1 drafts with its dSpark stages; V4 with its MTP block.
+  impl->dspark = options.speculative_tokens > 0 && runner->CheckDspark().ok();
   if (options.kv_store) {
     DSINFER_ASSIGN_OR_RETURN(impl->kv_store, OpenKvStore(weights, options, *runner));
   }

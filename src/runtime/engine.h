@@ -145,6 +145,10 @@ struct EngineOptions {
   // most kMaxSpeculativeTokens). Lossless: greedy output is bit-identical, sampled output has
   // the same distribution (runtime/speculative.h).
   int speculative_tokens = 0;
+  // V4.1's dSpark drafts (spec §14.6): a sequence's draft at block row j is proposed only while
+  // the confidence head's probability sigmoid(confidence_j) is at least this (0: always up to
+  // speculative_tokens). Rows it would likely lose cost verify rows for nothing.
+  double draft_min_confidence = 0.5;
   // Told what the prefix cache stores and drops (e.g. the KV-event publisher); may be null.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
   // The persistent tiers behind the prefix cache (runtime/kv_store.h): a host-RAM tier and a

@@ -254,6 +254,7 @@ struct Engine::Impl {
   }
   // ---- speculative decoding (engine_speculative.cc) -------------------------------------------
   bool speculative() const { return options.speculative_tokens > 0; }
+  bool dspark = false;  // speculation drafts with V4.1's dSpark stages (else the MTP block)
   // The draws of a sampling chunk that ran drafts: the rejection rule row by row (pure, as
   // DrawToken), the accepted drafts and the token after them; sets r.n_accepted.
   std::vector<Draw> VerifyDrafts(const Sequence& s, ChunkRun& r) const;
@@ -268,6 +269,18 @@ struct Engine::Impl {
     const ChunkRun* run = nullptr;
   };
   void AdvanceDrafts(std::span<const DraftJob> jobs);
+  // Where a sequence's drafting starts after a step: the rejected positions rolled back, the
+  // drafter's stream length m, the backbone's n, and the drafts wanted (0: only catch up).
+  // nullopt: nothing to do (finished now or before).
+  struct DraftStart {
+    int64_t m = 0, n = 0, want = 0;
+  };
+  std::optional<DraftStart> StartDrafting(const DraftJob& job);
+  // AdvanceDrafts with V4.1's dSpark stages (spec §14.6): the new positions go into the stage
+  // rings, one draft block per sequence proposes up to block_size tokens, sampled one position
+  // at a time with the Markov bias of the token before, while the confidence head is sure enough
+  // (EngineOptions::draft_min_confidence).
+  void AdvanceDsparkDrafts(std::span<const DraftJob> jobs);
   void CountSpeculation(const ChunkRun& r);
   void PublishStats();
   // Answers the FlushPrefixCache calls waiting (under mu, after incoming was taken).

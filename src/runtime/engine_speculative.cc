@@ -15,6 +15,8 @@
 // (seed', 3g + 1) and the residual draw (seed', 3g + 2). Each position is decided once, by numbers
 // no earlier decision used, so the output has the target's distribution and is reproducible.
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "runtime/engine_impl.h"
 
@@ -79,47 +81,57 @@ struct Drafting {
 
 }  // namespace
 
+std::optional<Engine::Impl::DraftStart> Engine::Impl::StartDrafting(const DraftJob& job) {
+  Sequence& s = *job.seq;
+  s.drafts.clear();
+  s.draft_dists.clear();
+  if (s.finished || s.state == nullptr) return std::nullopt;
+  const ScheduledChunk& c = *job.run->plan;
+  // Rejected draft positions go; the accepted ones stay computed.
+  const int64_t keep = c.start + c.n_tokens + job.run->n_accepted;
+  if (s.state->n_tokens() > keep) {
+    const Status st = model->Truncate(*s.state, keep);
+    if (!st.ok()) {
+      Finish(s, FinishReason::kError, st.WithContext("speculative decoding"));
+      return std::nullopt;
+    }
+  }
+  const int64_t m = model->MtpTokens(*s.state), n = s.state->n_tokens();
+  const auto n_context = static_cast<int64_t>(s.tokens.size());
+  if (m < c.start || m > n || n >= n_context) {
+    Finish(s, FinishReason::kError,
+           Internal("speculative decoding: the drafter's stream (" + std::to_string(m) +
+                    " positions) does not follow the step (" + std::to_string(c.start) + " .. " +
+                    std::to_string(n) + ")"));
+    return std::nullopt;
+  }
+  // Drafts only while waiting for the next token, and no more than can still be emitted.
+  const RequestParams& p = s.req->params;
+  int64_t want = 0;
+  // A sample with a grammar is not drafted for: its drafts would need the grammar's mask at
+  // every draft position (and a rollback of the matcher on rejection).
+  if (n_context == n + 1 && s.matcher == nullptr) {
+    want = std::min<int64_t>(options.speculative_tokens,
+                             p.max_tokens - static_cast<int64_t>(s.generated.size()) - 1);
+    if (options.max_model_len > 0) want = std::min(want, options.max_model_len - n_context - 1);
+  }
+  return DraftStart{.m = m, .n = n, .want = std::max<int64_t>(want, 0)};
+}
+
 void Engine::Impl::AdvanceDrafts(std::span<const DraftJob> jobs) {
+  if (dspark) return AdvanceDsparkDrafts(jobs);
   const int64_t HD = int64_t{weights.config().hc_mult} * weights.config().hidden;
   std::vector<Drafting> active;
   std::vector<backend::MtpRun> runs;
   active.reserve(jobs.size());
   for (const DraftJob& job : jobs) {
-    Sequence& s = *job.seq;
-    s.drafts.clear();
-    s.draft_dists.clear();
-    if (s.finished || s.state == nullptr) continue;
-    const ScheduledChunk& c = *job.run->plan;
-    // Rejected draft positions go; the accepted ones stay computed.
-    const int64_t keep = c.start + c.n_tokens + job.run->n_accepted;
-    if (s.state->n_tokens() > keep) {
-      const Status st = model->Truncate(*s.state, keep);
-      if (!st.ok()) {
-        Finish(s, FinishReason::kError, st.WithContext("speculative decoding"));
-        continue;
-      }
-    }
-    const int64_t m = model->MtpTokens(*s.state), n = s.state->n_tokens();
-    const auto n_context = static_cast<int64_t>(s.tokens.size());
-    if (m < c.start || m > n || n >= n_context) {
-      Finish(s, FinishReason::kError,
-             Internal("speculative decoding: the MTP stream (" + std::to_string(m) +
-                      " positions) does not follow the step (" + std::to_string(c.start) +
-                      " .. " + std::to_string(n) + ")"));
-      continue;
-    }
+    const std::optional<DraftStart> start = StartDrafting(job);
+    if (!start) continue;
+    const auto [m, n, want] = *start;
     if (m == n) continue;  // nothing new: no logits to draft from
-    // Drafts only while waiting for the next token, and no more than can still be emitted.
-    const RequestParams& p = s.req->params;
-    int64_t want = 0;
-    // A sample with a grammar is not drafted for: its drafts would need the grammar's mask at
-    // every draft position (and a rollback of the matcher on rejection).
-    if (n_context == n + 1 && s.matcher == nullptr) {
-      want = std::min<int64_t>(options.speculative_tokens,
-                               p.max_tokens - static_cast<int64_t>(s.generated.size()) - 1);
-      if (options.max_model_len > 0) want = std::min(want, options.max_model_len - n_context - 1);
-    }
-    active.push_back({.seq = &s, .n = n, .want = std::max<int64_t>(want, 0)});
+    Sequence& s = *job.seq;
+    const ScheduledChunk& c = *job.run->plan;
+    active.push_back({.seq = &s, .n = n, .want = want});
     runs.push_back({.state = s.state.get(),
                     .hidden = std::span<const float>(job.run->out.hidden)
                                   .subspan((m - c.start) * HD, (n - m) * HD),
@@ -179,6 +191,92 @@ void Engine::Impl::AdvanceDrafts(std::span<const DraftJob> jobs) {
       d.seq->drafts.clear();
       d.seq->draft_dists.clear();
       Finish(*d.seq, FinishReason::kError, st.WithContext("speculative decoding"));
+    }
+  }
+}
+
+void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
+  const model::ModelConfig& c = weights.config();
+  const int64_t K = model->HiddenWidth(), D = c.hidden, V = c.vocab_size;
+  struct Dspark {
+    Sequence* seq = nullptr;
+    int64_t want = 0;
+    std::vector<float> logits, x;    // [block, vocab] before the Markov bias, [block, hidden]
+    std::vector<int32_t> generated;  // as if the drafts so far were emitted
+  };
+  std::vector<Dspark> active;
+  std::vector<backend::DsparkSeedRun> seeds;
+  active.reserve(jobs.size());
+  for (const DraftJob& job : jobs) {
+    const std::optional<DraftStart> start = StartDrafting(job);
+    if (!start) continue;
+    const auto [m, n, want] = *start;
+    Sequence& s = *job.seq;
+    // The stages' rings take the positions the backbone computed since they last did.
+    if (m < n)
+      seeds.push_back({.state = s.state.get(),
+                       .hidden = std::span<const float>(job.run->out.hidden)
+                                     .subspan((m - job.run->plan->start) * K, (n - m) * K)});
+    if (want > 0) active.push_back({.seq = &s, .want = want});
+  }
+  const auto fail = [&](std::span<Sequence* const> failed, const Status& st) {
+    for (Sequence* s : failed) {
+      s->drafts.clear();
+      s->draft_dists.clear();
+      if (!s->finished) Finish(*s, FinishReason::kError, st.WithContext("speculative decoding"));
+    }
+  };
+  if (const Status st = model->DsparkSeed(seeds); !st.ok()) {
+    std::vector<Sequence*> all;
+    for (const DraftJob& job : jobs) all.push_back(job.seq);
+    return fail(all, st);
+  }
+  if (active.empty()) return;
+  // One draft block per sequence, all in one pass over the stages' weights.
+  std::vector<backend::DsparkDraftRun> blocks;
+  std::vector<Sequence*> drafting;
+  for (Dspark& d : active) {
+    Sequence& s = *d.seq;
+    blocks.push_back({.state = s.state.get(),
+                      .token = s.tokens[s.state->n_tokens()],
+                      .logits = &d.logits,
+                      .x = &d.x});
+    drafting.push_back(&s);
+    d.generated = s.generated;
+  }
+  if (const Status st = model->DsparkDraft(blocks); !st.ok()) return fail(drafting, st);
+  // Row j's Markov bias needs the token before it (the pending token, then each draft): one
+  // batched call per position over the sequences still drafting. A sequence stops at the first
+  // row whose confidence is under the threshold: drafts it would likely lose cost verify rows.
+  int64_t most = 0;
+  for (const Dspark& d : active) most = std::max(most, d.want);
+  std::vector<float> bias, confidence;
+  for (int64_t j = 0; j < most; ++j) {
+    std::vector<Dspark*> rows;
+    std::vector<int32_t> prev;
+    std::vector<float> x;  // [rows, hidden]
+    for (Dspark& d : active) {
+      if (d.want <= j || static_cast<int64_t>(d.seq->drafts.size()) < j) continue;
+      rows.push_back(&d);
+      prev.push_back(j == 0 ? d.seq->tokens[d.seq->state->n_tokens()] : d.seq->drafts.back());
+      x.insert(x.end(), d.x.begin() + j * D, d.x.begin() + (j + 1) * D);
+    }
+    if (rows.empty()) break;
+    if (const Status st = model->DsparkMarkov(prev, x, &bias, &confidence); !st.ok())
+      return fail(drafting, st);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Dspark& d = *rows[i];
+      const double p = 1.0 / (1.0 + std::exp(-static_cast<double>(confidence[i])));
+      if (p < options.draft_min_confidence) continue;  // no draft here, nor after
+      Sequence& s = *d.seq;
+      std::vector<float> logits(d.logits.begin() + j * V, d.logits.begin() + (j + 1) * V);
+      for (int64_t v = 0; v < V; ++v) logits[v] += bias[i * V + v];
+      const SamplingParams sp = SamplerOf(s);
+      TokenDistribution q = SamplingDistribution(AdjustedLogits(s, logits, d.generated), sp);
+      const int32_t draft = SampleFrom(q, UniformFromCounter(DraftSeed(sp), 3 * d.generated.size()));
+      s.drafts.push_back(draft);
+      s.draft_dists.push_back(std::move(q));
+      d.generated.push_back(draft);
     }
   }
 }

@@ -376,6 +376,49 @@ Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* 
   return Status::Ok();
 }
 
+Status CpuOps::DraftAttention(int layer, const float* q, const float* kv, float* o) {
+  const model::ModelConfig& c = config();
+  const int H = c.n_heads, hd = c.head_dim, W = c.window;
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool rb = numerics_.round_bf16;
+  const bool max_over_rows = plans_[layer].softmax_max_over_rows;
+  const model::TensorView& sink_view = Layer(layer).attn_sink;
+  std::vector<float> sink(static_cast<size_t>(H));  // [H]
+  for (int h = 0; h < H; ++h) sink[h] = sink_view.F32At(h);
+  // Per segment, the rows every one of its queries reads: the ring (positions [start_pos - W,
+  // start_pos), unpacked once), then the block's own rows.
+  std::vector<AlignedVector<float>> ring(segments_.size());  // [segments][n_ring, hd]
+  std::vector<std::vector<const float*>> rows(segments_.size());
+  for (size_t si = 0; si < segments_.size(); ++si) {
+    const Segment& sg = segments_[si];
+    SequenceState& st = State(si);
+    const int64_t first = std::max<int64_t>(0, sg.start_pos - W);
+    if (sg.start_pos != st.mtp_n_tokens())
+      return Internal("DraftAttention: the block must start where the stage's ring ends (" +
+                      std::to_string(st.mtp_n_tokens()) + "), not at " +
+                      std::to_string(sg.start_pos));
+    ring[si].resize(static_cast<size_t>((sg.start_pos - first) * hd));
+    for (int64_t p = first; p < sg.start_pos; ++p)
+      st.ReadWindow(layer, p, ring[si].data() + (p - first) * hd);
+    for (int64_t p = first; p < sg.start_pos; ++p)
+      rows[si].push_back(ring[si].data() + (p - first) * hd);
+    for (int64_t t = 0; t < sg.n; ++t) rows[si].push_back(kv + (sg.row + t) * hd);
+    stats_.kv_bytes += (sg.start_pos - first) * st.layout().kv_row.Bytes();
+  }
+  const int head_groups = (H + kSharedRowsMax - 1) / kSharedRowsMax;
+  pool_.ParallelFor(T * head_groups, [&](int64_t task) {
+    const int64_t t = task / head_groups;
+    const int h0 = static_cast<int>(task % head_groups) * kSharedRowsMax;
+    const int nh = std::min(kSharedRowsMax, H - h0);
+    AttendHeads(q + (t * H + h0) * hd, nh, rows[seg_of_[t]], hd, sink.data() + h0, scale, rb,
+                o + (t * H + h0) * hd, max_over_rows);
+  });
+  for (int64_t t = 0; t < T; ++t)
+    stats_.macs += static_cast<int64_t>(rows[seg_of_[t]].size()) * H * int64_t{hd} * 2;
+  return Status::Ok();
+}
+
 Status CpuOps::StoreWindow(int layer, const float* kv) {
   const int64_t hd = config().head_dim;
   for (int64_t t = 0; t < static_cast<int64_t>(tokens_.size()); ++t)

@@ -99,7 +99,7 @@ Status CpuModel::ForwardBatch(std::span<SequenceChunk> chunks) {
   DSINFER_RETURN_IF_ERROR(
       program_.Step(ops(), {segments, tokens, logit_rows, hidden_rows}, &result));
   // Hand each chunk its rows of the results, in the order they were asked for.
-  const int64_t V = c.vocab_size, HD = int64_t{c.hc_mult} * c.hidden;
+  const int64_t V = c.vocab_size, HD = program_.HiddenWidth();  // floats per hidden row
   size_t li = 0, hi = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     SequenceChunk& ch = chunks[i];
@@ -186,6 +186,78 @@ Status CpuModel::ForwardMtpBatch(std::span<const MtpChunk> chunks) {
       ++hi;
     }
     ch.state->AdvanceMtp(segments[i].start_pos + segments[i].n);
+  }
+  return Status::Ok();
+}
+
+Status CpuModel::DsparkSeedBatch(std::span<SequenceState* const> states,
+                                 std::span<const std::span<const float>> hidden,
+                                 std::vector<float>* main_x) {
+  DSINFER_RETURN_IF_ERROR(CheckDspark());
+  if (states.size() != hidden.size())
+    return InvalidArgument("DsparkSeedBatch: one hidden block per state");
+  const int64_t K = HiddenWidth();
+  std::vector<Segment> segments;
+  std::vector<float> all;  // [T, K] flattened
+  int64_t row = 0;
+  for (size_t i = 0; i < states.size(); ++i) {
+    SequenceState* st = states[i];
+    if (st == nullptr || &st->layout() != &layout_)
+      return InvalidArgument("DsparkSeedBatch: a state of another model (or none)");
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == st) return InvalidArgument("DsparkSeedBatch: a sequence appears twice");
+    const auto n = static_cast<int64_t>(hidden[i].size()) / K;
+    if (n == 0 || n * K != static_cast<int64_t>(hidden[i].size()))
+      return InvalidArgument("DsparkSeedBatch: hidden must be [n, targets * hidden], n >= 1");
+    if (st->mtp_n_tokens() + n > st->n_tokens())
+      return InvalidArgument("DsparkSeedBatch: the stages cannot run ahead of the backbone (" +
+                             std::to_string(st->mtp_n_tokens() + n) + " > " +
+                             std::to_string(st->n_tokens()) + " positions)");
+    segments.push_back({row, n, st->mtp_n_tokens(), st});
+    all.insert(all.end(), hidden[i].begin(), hidden[i].end());
+    row += n;
+  }
+  if (segments.empty()) return Status::Ok();
+  DSINFER_RETURN_IF_ERROR(program_.DsparkSeed(ops(), segments, all, main_x));
+  for (const Segment& sg : segments)
+    static_cast<SequenceState*>(sg.state)->AdvanceMtp(sg.start_pos + sg.n);
+  return Status::Ok();
+}
+
+Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
+                                  std::span<const int32_t> tokens,
+                                  std::span<std::vector<float>* const> logits,
+                                  std::span<std::vector<float>* const> x) {
+  DSINFER_RETURN_IF_ERROR(CheckDspark());
+  const model::ModelConfig& c = config();
+  if (tokens.size() != states.size() || logits.size() != states.size() ||
+      x.size() != states.size())
+    return InvalidArgument("DsparkDraftBatch: one token and two outputs per state");
+  const int B = c.dspark.block_size;
+  std::vector<Segment> segments;
+  std::vector<int32_t> ids;  // [T]: per state [token, noise x (B - 1)]
+  for (size_t i = 0; i < states.size(); ++i) {
+    SequenceState* st = states[i];
+    if (st == nullptr || &st->layout() != &layout_)
+      return InvalidArgument("DsparkDraftBatch: a state of another model (or none)");
+    if (st->mtp_n_tokens() != st->n_tokens())
+      return InvalidArgument("DsparkDraftBatch: the stage rings hold " +
+                             std::to_string(st->mtp_n_tokens()) + " of the backbone's " +
+                             std::to_string(st->n_tokens()) + " positions");
+    if (logits[i] == nullptr || x[i] == nullptr)
+      return InvalidArgument("DsparkDraftBatch: missing output");
+    segments.push_back({static_cast<int64_t>(ids.size()), B, st->n_tokens(), st});
+    ids.push_back(tokens[i]);
+    for (int j = 1; j < B; ++j) ids.push_back(c.dspark.noise_token_id);
+  }
+  if (segments.empty()) return Status::Ok();
+  std::vector<float> all_logits, all_x;  // [T, vocab], [T, hidden]
+  DSINFER_RETURN_IF_ERROR(program_.DsparkDraft(ops(), segments, ids, &all_logits, &all_x));
+  const int64_t V = c.vocab_size, D = c.hidden;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const int64_t r = segments[i].row;
+    logits[i]->assign(all_logits.begin() + r * V, all_logits.begin() + (r + B) * V);
+    x[i]->assign(all_x.begin() + r * D, all_x.begin() + (r + B) * D);
   }
   return Status::Ok();
 }

@@ -111,6 +111,26 @@ class CpuModel {
   // results each would get alone. Everything is validated before any state changes.
   Status ForwardMtpBatch(std::span<const MtpChunk> chunks);
 
+  // V4.1 dSpark (spec §14.6; V4Forward::DsparkSeed / DsparkDraft / DsparkMarkov). Forward's
+  // want_hidden rows are then the drafter's input [n, HiddenWidth()].
+  Status CheckDspark() const { return program_.CheckDspark(); }
+  int64_t HiddenWidth() const { return program_.HiddenWidth(); }
+  // Feeds hidden[i] [n_i, targets * hidden] (the backbone's captures at MTP positions
+  // [mtp_n_tokens, + n_i) of states[i]) into every stage's ring and advances the MTP streams;
+  // main_x (optional) receives the projected rows [sum n_i, hidden].
+  Status DsparkSeedBatch(std::span<SequenceState* const> states,
+                         std::span<const std::span<const float>> hidden,
+                         std::vector<float>* main_x = nullptr);
+  // The draft block of each state (whose stage rings hold all its positions) after its pending
+  // token tokens[i]: logits[i] [block, vocab] before the Markov bias, x[i] [block, hidden].
+  Status DsparkDraftBatch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
+                          std::span<std::vector<float>* const> logits,
+                          std::span<std::vector<float>* const> x);
+  Status DsparkMarkov(std::span<const int32_t> prev, std::span<const float> x,
+                      std::vector<float>* bias, std::vector<float>* confidence) {
+    return program_.DsparkMarkov(ops(), prev, x, bias, confidence);
+  }
+
   // State operations (sequence_state.h).
   Status Truncate(SequenceState& state, int64_t n_tokens) const { return state.Truncate(n_tokens); }
   Status TruncateMtp(SequenceState& state, int64_t n_tokens) const {

@@ -45,6 +45,12 @@ const model::WeightMatrix& WeightOf(const model::ModelWeights& w, int layer, Wei
       return lw.indexer.wk;
     case Weight::kEngramWkv:
       return lw.engram.wkv;
+    case Weight::kMainProj:
+      return lw.dspark.main_proj;
+    case Weight::kMarkovHead:
+      return lw.dspark.markov_head;
+    case Weight::kConfidence:
+      return lw.dspark.confidence_proj;
     case Weight::kHead:
       break;
   }
@@ -75,6 +81,8 @@ const model::TensorView& NormOf(const model::ModelWeights& w, int layer, Norm wh
       return lw.norm;
     case Norm::kIndexKey:
       return lw.indexer.k_norm;
+    case Norm::kMain:
+      return lw.dspark.main_norm;
   }
   return lw.norm;
 }
@@ -125,6 +133,23 @@ Status CpuOps::Embed(int copies, float* out) {
       for (int k = 0; k < copies; ++k) out[(t * copies + k) * D + i] = v;
     }
   });
+  return Status::Ok();
+}
+
+Status CpuOps::MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) {
+  const model::WeightMatrix& table = Layer(layer).dspark.markov_embed;  // [vocab, rank] bf16
+  const int64_t rank = table.cols;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (ids[r] < 0 || ids[r] >= table.rows)
+      return InvalidArgument("MarkovEmbed: token id " + std::to_string(ids[r]) +
+                             " outside the vocabulary");
+    const uint8_t* row = table.data + static_cast<int64_t>(ids[r]) * rank * 2;
+    for (int64_t i = 0; i < rank; ++i) {
+      uint16_t b;
+      std::memcpy(&b, row + 2 * i, 2);
+      out[static_cast<int64_t>(r) * rank + i] = Bf16ToF32(b);
+    }
+  }
   return Status::Ok();
 }
 

@@ -96,6 +96,8 @@ class CpuOps final : public V4Ops {
                          const Selection* selected, float* o) override;
   Status StoreWindow(int layer, const float* kv) override;
 
+  Status DraftAttention(int layer, const float* q, const float* kv, float* o) override;
+  Status MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) override;
   Status EngramBegin() override;
   Status EngramGather(int layer, float* rows) override;
   Status EngramGate(int layer, const float* kv, float* H) override;

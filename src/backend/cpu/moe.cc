@@ -50,7 +50,7 @@ Status CpuOps::Route(int layer, bool hash, const float* x) {
   const model::ModelConfig& c = config();
   const model::LayerWeights& lw = Layer(layer);
   const int64_t T = static_cast<int64_t>(tokens_.size());
-  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const int E = c.RoutedExperts(layer), K = c.ExpertsPerToken(layer);  // dSpark: its own bank
   if (hash && !lw.tid2eid.valid()) return Internal("hash-routed layer without tid2eid");
   // fp32 scores; selection by the token's hash row or by top-k of (score + bias).
   std::vector<float> logits(T * E);  // [T, E]
@@ -89,7 +89,7 @@ Status CpuOps::Experts(int layer, const float* x, float* out) {
   const Numerics& nm = numerics_;
   const int64_t T = static_cast<int64_t>(tokens_.size());
   const int64_t D = c.hidden;
-  const int E = c.n_routed_experts, K = c.n_experts_per_tok;
+  const int E = c.RoutedExperts(layer), K = c.ExpertsPerToken(layer);  // dSpark: its own bank
   const float limit = static_cast<float>(c.swiglu_limit);
   const std::vector<int32_t>& chosen = chosen_;
   const std::vector<float>& weight = weight_;

@@ -632,6 +632,7 @@ Status CudaModel::RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t 
         w = d.norm.as<float>();
         break;
       case Norm::kIndexKey:  // V4.1 (refused at Create)
+      case Norm::kMain:
         break;
     }
   }
@@ -689,6 +690,9 @@ Status CudaModel::Linear(int layer, Weight weight, LinearMode mode, const float*
         break;
       case Weight::kIndexWk:  // V4.1 (refused at Create)
       case Weight::kEngramWkv:
+      case Weight::kMainProj:
+      case Weight::kMarkovHead:
+      case Weight::kConfidence:
         return V41OnGpu("this linear");
       case Weight::kHead:
         break;
@@ -794,5 +798,11 @@ Status CudaModel::Fp4E4m3RoundTrip(float*, int64_t, int64_t, int64_t, int) {
 Status CudaModel::EngramBegin() { return V41OnGpu("Engram"); }
 Status CudaModel::EngramGather(int, float*) { return V41OnGpu("Engram"); }
 Status CudaModel::EngramGate(int, const float*, float*) { return V41OnGpu("Engram"); }
+Status CudaModel::DraftAttention(int, const float*, const float*, float*) {
+  return V41OnGpu("dSpark drafting");
+}
+Status CudaModel::MarkovEmbed(int, std::span<const int32_t>, float*) {
+  return V41OnGpu("dSpark drafting");
+}
 
 }  // namespace dsinfer::backend::cuda

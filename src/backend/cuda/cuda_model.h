@@ -202,6 +202,8 @@ class CudaModel final : private V4Ops {
   Status EngramBegin() override;
   Status EngramGather(int layer, float* rows) override;
   Status EngramGate(int layer, const float* kv, float* H) override;
+  Status DraftAttention(int layer, const float* q, const float* kv, float* o) override;
+  Status MarkovEmbed(int layer, std::span<const int32_t> ids, float* out) override;
   Status SparseAttention(int layer, int kv_layer, int ratio, const float* q, const float* kv,
                          const Selection* selected, float* o) override;
   Status StoreWindow(int layer, const float* kv) override;
