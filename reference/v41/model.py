@@ -124,6 +124,9 @@ class SequenceState:
         self.index_k = {}  # kv source -> [rows, index_head_dim] post RoPE/(FP4)
         self.pool_a = {}  # ratio>1 kv source -> [T, head_dim] fp32/ct projections (pooling inputs)
         self.pool_g = {}
+        self.main_hidden = None  # [T, n_targets * dim]: dSpark inputs of every processed position
+        self.dspark_main_x = None  # [T', dim] main_x of every position fed to the dSpark rings, in order
+        self.dspark_kv = {}  # stage -> [T', head_dim] the stage's ring KV of those rows (full history)
 
 
 class V41Oracle:
@@ -144,6 +147,7 @@ class V41Oracle:
         self.eps = a["norm_eps"]
         self.stats = {"topk_ties_broken": 0, "candidate_rows_pruned": 0, "index_queries": 0}
         self.trace = None  # optional dict for debugging taps
+        self.ring_order = None  # optional n -> permutation of the dSpark ring rows (self-check hook)
 
     # -- numerics helpers -------------------------------------------------------------------
     def bf(self, x):
@@ -177,9 +181,10 @@ class V41Oracle:
         n = H.shape[0]
         v = H.reshape(n, -1)
         r = torch.rsqrt((v * v).mean(-1, keepdim=True) + self.eps)
-        m = (v @ self.W(f"layers.{layer}.hc_{prefix}_fn").T) * r
-        scale = self.W(f"layers.{layer}.hc_{prefix}_scale")
-        base = self.W(f"layers.{layer}.hc_{prefix}_base")
+        lp = self.lp(layer)
+        m = (v @ self.W(f"{lp}.hc_{prefix}_fn").T) * r
+        scale = self.W(f"{lp}.hc_{prefix}_scale")
+        base = self.W(f"{lp}.hc_{prefix}_base")
         hc, heps = self.hc, self.a["hc_eps"]
         pre = torch.sigmoid(m[:, :hc] * scale[0] + base[:hc]) + heps
         post = 2 * torch.sigmoid(m[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
@@ -199,9 +204,17 @@ class V41Oracle:
         return self.bf(post.unsqueeze(-1) * x.unsqueeze(1) + torch.einsum("njk,njd->nkd", comb, H))
 
     # -- rope tables --------------------------------------------------------------------------
+    def ratio(self, layer):
+        r = self.a["compress_ratios"]
+        return r[layer] if layer < len(r) else 0  # dSpark stages (ids n_layers + s) are window-only
+
+    def lp(self, layer):
+        """Tensor prefix of block `layer`: backbone `layers.L`, dSpark stage s = layer - n_layers `mtp.s`."""
+        return f"layers.{layer}" if layer < self.n_layers else f"mtp.{layer - self.n_layers}"
+
     def angles(self, layer, positions):
         a = self.a
-        if a["compress_ratios"][layer]:
+        if self.ratio(layer):
             return rope_angles(self.rd, positions, a["compress_rope_theta"], a["original_seq_len"], a["rope_factor"], a["beta_fast"], a["beta_slow"])
         return rope_angles(self.rd, positions, a["rope_theta"], 0, 1.0, 32, 1)
 
@@ -298,6 +311,11 @@ class V41Oracle:
         K = torch.cat(keys)
         M = torch.cat(masks, dim=1)
         out = self.sparse_attn(q, K, M, self.W(pre + ".attn_sink"))
+        return self.attn_out(out, ang, pre)
+
+    def attn_out(self, out, ang, pre):
+        """Inverse RoPE on the attention output, grouped wo_a, wo_b."""
+        a, n = self.a, out.shape[0]
         out = self.rope_tail(out, ang, inverse=True)
         G = a["o_groups"]
         wo_a = self.w.fp8(pre + ".wo_a").to(self.ct)  # stored FP8; the reference runs it as bf16 (exact)
@@ -397,7 +415,10 @@ class V41Oracle:
 
     def moe(self, layer, x):
         a = self.a
-        p = f"layers.{layer}.ffn"
+        p = f"{self.lp(layer)}.ffn"
+        n_exp, k = a["n_routed_experts"], a["n_activated_experts"]
+        if layer >= self.n_layers:  # dSpark stages have their own expert bank (official get_moe_config)
+            n_exp, k = a.get("dspark_n_routed_experts") or n_exp, a.get("dspark_n_activated_experts") or k
         scores = (x @ self.W(p + ".gate.weight").T) / a["gate_temp"]
         if a["score_func"] == "sqrtsoftplus":
             scores = F.softplus(scores).sqrt()
@@ -406,7 +427,6 @@ class V41Oracle:
         else:
             scores = scores.softmax(-1)
         biased = scores + self.W(p + ".gate.bias")
-        k = a["n_activated_experts"]
         idx = torch.stack(self.topk_rows(biased, k)) if x.shape[0] else torch.empty(0, k, dtype=torch.long)
         # topk_rows returns ascending indices; selection is the top-k set, order irrelevant for the sum
         wts = scores.gather(1, idx)
@@ -414,7 +434,7 @@ class V41Oracle:
             wts = wts / (wts.sum(-1, keepdim=True) + 1e-20)
         wts = wts * a["route_scale"]
         y = torch.zeros_like(x)
-        for e in range(a["n_routed_experts"]):
+        for e in range(n_exp):
             tok, slot = torch.where(idx == e)
             if tok.numel() == 0:
                 continue
@@ -438,6 +458,19 @@ class V41Oracle:
         gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
         return self.bf(H + gate.unsqueeze(-1) * value.unsqueeze(1))
 
+    # -- one block (backbone layer or dSpark stage) ------------------------------------------------
+    def block(self, layer, H, pre_mix, attn):
+        """Single-pass mHC block: attention between hc_pre(pre_mix) and hc_post, then the FFN with the
+        attention's own pre mix. Returns the new stream and the pre mix for the next block."""
+        lp = self.lp(layer)
+        attn_pre, attn_post, attn_comb = self.hc_mixes(H, "attn", layer)
+        x = self.rmsnorm(self.hc_pre(H, pre_mix), f"{lp}.attn_norm.weight")
+        H = self.hc_post(attn(x), H, attn_post, attn_comb)
+        ffn_pre, ffn_post, ffn_comb = self.hc_mixes(H, "ffn", layer)
+        x = self.rmsnorm(self.hc_pre(H, attn_pre), f"{lp}.ffn_norm.weight")
+        H = self.hc_post(self.moe(layer, x), H, ffn_post, ffn_comb)
+        return H, ffn_pre
+
     # -- forward ---------------------------------------------------------------------------------
     def new_state(self):
         return SequenceState(self.n_layers)
@@ -459,19 +492,132 @@ class V41Oracle:
         pre_mix = torch.zeros(n, self.hc, dtype=self.ct)
         pre_mix[:, 0] = 1.0
         st.shared_topk = None
+        targets = set(a.get("dspark_target_layer_ids") or []) if a.get("dspark_block_size") else set()
+        hidden = []
         for layer in range(self.n_layers):
             if self.hasher is not None and layer in self.hasher.layer_ids:
                 H = self.engram(layer, H, hashes[:, self.hasher.layer_ids.index(layer)])
-            attn_pre, attn_post, attn_comb = self.hc_mixes(H, "attn", layer)
-            x = self.rmsnorm(self.hc_pre(H, pre_mix), f"layers.{layer}.attn_norm.weight")
-            H = self.hc_post(self.attention(st, layer, x, pos), H, attn_post, attn_comb)
-            ffn_pre, ffn_post, ffn_comb = self.hc_mixes(H, "ffn", layer)
-            x = self.rmsnorm(self.hc_pre(H, attn_pre), f"layers.{layer}.ffn_norm.weight")
-            H = self.hc_post(self.moe(layer, x), H, ffn_post, ffn_comb)
-            pre_mix = ffn_pre
+            if layer in targets:
+                # dSpark reads the stream ENTERING a target layer (after its Engram), averaged over
+                # the hc copies; concatenated in layer order (the official loop order)
+                hidden.append(self.bf(H.mean(1)))
+            H, pre_mix = self.block(layer, H, pre_mix, lambda x, layer=layer: self.attention(st, layer, x, pos))
             if self.trace is not None:
                 self.trace.setdefault(layer, []).append(H.clone())
+        if hidden:
+            mh = torch.cat(hidden, dim=-1)
+            st.main_hidden = mh if st.main_hidden is None else torch.cat([st.main_hidden, mh])
         x = self.rmsnorm(self.hc_pre(H, pre_mix), "norm.weight")
         if not all_logits:
             x = x[-1:]
         return x @ self.W("head.weight").T
+
+    # -- dSpark draft head (V4.1 speculative decoding, tensors mtp.{s}.*) ---------------------------
+    # The official code keeps, per stage, a ring of window_size slots of KV made from main_x (one
+    # row per committed position, RoPE at that position) and drafts block_size rows after the newest
+    # committed position. Here the full history is kept and a draft takes the newest window_size
+    # rows before its start: any chunking of the seeding gives the same rows, and the draft's
+    # attention is a set operation over them (slot order cannot matter).
+
+    def n_stages(self):
+        a = self.a
+        return a["n_mtp_layers"] if a.get("dspark_block_size") else 0
+
+    def dspark_main_x(self, main_hidden):
+        """main_x = main_norm(main_proj(main_hidden)) (stage 0's tensors; FP8 linear)."""
+        mh = self.bf(main_hidden.to(self.ct))
+        return self.rmsnorm(self.lin_fp8(mh, "mtp.0.main_proj"), "mtp.0.main_norm.weight")
+
+    def dspark_ring_kv(self, stage, main_x, pos):
+        """A stage's ring KV of main_x rows: kv_norm(wkv(.)), RoPE at their positions, FP8 round trip."""
+        layer = self.n_layers + stage
+        pre = f"mtp.{stage}.attn"
+        kv = self.rmsnorm(self.lin_fp8(main_x, pre + ".wkv"), pre + ".kv_norm.weight")
+        kv = self.rope_tail(kv, self.angles(layer, pos))
+        return C.act_quant_fp8(kv, 32) if self.official else kv
+
+    @torch.inference_mode()
+    def dspark_seed(self, st: SequenceState, main_hidden_rows, first_pos: int) -> torch.Tensor:
+        """Feed the rings with the main_hidden rows of positions first_pos.. (must continue exactly
+        where the previous seeding stopped). Returns their main_x rows."""
+        if not self.n_stages():
+            raise ValueError("checkpoint has no dSpark stages (dspark_block_size 0 or no mtp layers)")
+        have = 0 if st.dspark_main_x is None else st.dspark_main_x.shape[0]
+        if first_pos != have:
+            raise ValueError(f"dspark_seed: rings hold positions 0..{have - 1}, got rows from {first_pos}")
+        n = main_hidden_rows.shape[0]
+        mx = self.dspark_main_x(main_hidden_rows)
+        pos = torch.arange(first_pos, first_pos + n)
+        for s in range(self.n_stages()):
+            kv = self.dspark_ring_kv(s, mx, pos)
+            prev = st.dspark_kv.get(s)
+            st.dspark_kv[s] = kv if prev is None else torch.cat([prev, kv])
+        st.dspark_main_x = mx if st.dspark_main_x is None else torch.cat([st.dspark_main_x, mx])
+        return mx
+
+    def dspark_attention(self, st, stage, x, pos, start):
+        """Window-only attention of the B block rows (positions start..start+B-1): every row sees the
+        ring (positions max(0, start-W)..start-1) and ALL block rows (non-causal), with the sink.
+        The block rows' own KV is never stored."""
+        a = self.a
+        layer = self.n_layers + stage
+        pre = f"mtp.{stage}.attn"
+        n, Hn = x.shape[0], a["n_heads"]
+        ang = self.angles(layer, pos)
+        qr = self.rmsnorm(self.lin_fp8(x, pre + ".wq_a"), pre + ".q_norm.weight")
+        q = self.rope_tail(self.lin_fp8(qr, pre + ".wq_b").reshape(n, Hn, self.hd), ang)
+        kv = self.rmsnorm(self.lin_fp8(x, pre + ".wkv"), pre + ".kv_norm.weight")
+        kv = self.rope_tail(kv, ang)
+        if self.official:
+            kv = C.act_quant_fp8(kv, 32)
+        ring = st.dspark_kv[stage][max(0, start - a["window_size"]) : start]
+        if self.ring_order is not None:  # self-check hook: present the ring slots in another order
+            ring = ring[self.ring_order(ring.shape[0])]
+        K = torch.cat([ring, kv])
+        M = torch.ones(n, K.shape[0], dtype=torch.bool)
+        out = self.sparse_attn(q, K, M, self.W(pre + ".attn_sink"))
+        return self.attn_out(out, ang, pre)
+
+    @torch.inference_mode()
+    def dspark_draft(self, st: SequenceState, token: int, start: int, temperature: float = 0.0, generator=None) -> dict:
+        """Draft block_size tokens after the pending `token` at position `start` (the backbone holds
+        positions 0..start-1 and the rings were fed all of them). Equals the official
+        forward_spec(token, main_hidden of start-1, start-1). Returns ids [B] (output_ids[1..B]),
+        logits [B, vocab] with the Markov bias, x [B, dim] (hc_pre output, pre-norm), confidence [B]."""
+        a = self.a
+        S, B = self.n_stages(), a["dspark_block_size"]
+        if not S:
+            raise ValueError("checkpoint has no dSpark stages")
+        have = 0 if st.dspark_main_x is None else st.dspark_main_x.shape[0]
+        if not 1 <= start <= have:
+            raise ValueError(f"dspark_draft at {start}: the rings hold positions 0..{have - 1} (need 1 <= start <= {have})")
+        ids = [int(token)] + [a["dspark_noise_token_id"]] * (B - 1)
+        pos = torch.arange(start, start + B)
+        H = self.W("embed.weight")[torch.tensor(ids)].unsqueeze(1).repeat(1, self.hc, 1)
+        pre_mix = torch.zeros(B, self.hc, dtype=self.ct)
+        pre_mix[:, 0] = 1.0
+        for s in range(S):
+            H, pre_mix = self.block(self.n_layers + s, H, pre_mix, lambda x, s=s: self.dspark_attention(st, s, x, pos, start))
+        last = f"mtp.{S - 1}"
+        x = self.hc_pre(H, pre_mix)
+        logits = self.rmsnorm(x, last + ".norm.weight") @ self.W("head.weight").T  # main head, fp32 linear
+        m_embed = self.W(last + ".markov_head.embed.weight")  # [vocab, rank], bf16 values
+        m_head = self.W(last + ".markov_head.head.weight")  # [vocab, rank], run as an fp32 linear
+        out, embeds = [int(token)], []
+        for i in range(B):
+            e = m_embed[out[i]]
+            logits[i] = logits[i] + e @ m_head.T
+            embeds.append(e)
+            out.append(self.sample(logits[i], temperature, generator))
+        conf = torch.cat([x, torch.stack(embeds)], dim=-1) @ self.W(last + ".confidence_head.proj.weight").T
+        return {"ids": torch.tensor(out[1:], dtype=torch.long), "logits": logits, "x": x, "confidence": conf.squeeze(-1)}
+
+    @staticmethod
+    def sample(logits, temperature, generator=None):
+        """Temperature 0: argmax, lower id on an exact tie. Otherwise the official Gumbel-max form
+        (softmax(l / T) / Exp(1), argmax) with draws from `generator`."""
+        if temperature == 0:
+            return int(torch.sort(-logits, stable=True).indices[0])
+        p = torch.softmax(logits.float() / max(temperature, 1e-5), dim=-1)
+        e = torch.empty_like(p).exponential_(1, generator=generator)
+        return int((p / e).argmax())

@@ -10,6 +10,10 @@
      of amax*fp32(1/448) (checked against math.frexp); E4M3-scaled FP4 is idempotent.
   4. Model: one-shot == ragged chunks + decode in fp64 (both numerics); removing a feature (Engram,
      the candidate pre-filter, the newest-block pin) changes the logits, so the goldens exercise it.
+  5. dSpark: main_hidden of ragged chunks == one-shot; seeding the rings in chunks == one row at a
+     time; a draft is independent of the ring slots' order; it reads exactly the newest window_size
+     ring rows (a row just outside the window changes nothing, the oldest one inside does), also
+     once the ring has wrapped; the block is non-causal (the noise token moves row 0).
 """
 
 import math
@@ -135,12 +139,61 @@ def check_model(tmp):
     return out
 
 
+@torch.inference_mode()
+def check_dspark(tmp):
+    from tokenizers import Tokenizer
+
+    tm, n, _ = E.build_token_map(Tokenizer.from_str(E.v41_tokenizer_json(WT.V4_TOKENIZER, WT.V41_OVERLAY)))
+    ck = C.Checkpoint(os.path.join(tmp, "tiny-v41-a"))
+    W = ck.config["window_size"]
+    ids = torch.randint(3, 512, (3 * W,), generator=torch.Generator().manual_seed(11)).tolist()
+    out = {}
+    for num in ("fp32", "official"):
+        o = M.V41Oracle(ck, tm, n, num, torch.float64)
+        ref = o.new_state()
+        o.forward(ref, ids)
+        st = o.new_state()
+        for a, b in ((0, 5), (5, 6), (6, 2 * W), (2 * W, 3 * W)):
+            o.forward(st, ids[a:b])
+        out[f"main_hidden_chunked_nmse.{num}"] = C.nmse(st.main_hidden, ref.main_hidden)
+        one = o.new_state()
+        o.dspark_seed(one, ref.main_hidden, 0)
+        rows = o.new_state()
+        for p in range(3 * W):
+            o.dspark_seed(rows, ref.main_hidden[p : p + 1], p)
+        out[f"seed_chunked_nmse.{num}"] = max(C.nmse(rows.dspark_main_x, one.dspark_main_x), C.nmse(rows.dspark_kv[0], one.dspark_kv[0]))
+        for start in (W // 2, 2 * W + 3):  # ring still filling / wrapped
+            base = o.dspark_draft(one, 42, start)
+            o.ring_order = lambda k: torch.randperm(k, generator=torch.Generator().manual_seed(start))
+            perm = o.dspark_draft(one, 42, start)
+            o.ring_order = None
+            out[f"ring_order_nmse.{num}.{start}"] = C.nmse(perm["logits"], base["logits"])
+            kv = one.dspark_kv[0]
+            if start > W:
+                saved = kv[start - W - 1].clone()
+                kv[start - W - 1] += 1.0
+                out[f"outside_window_nmse.{num}"] = C.nmse(o.dspark_draft(one, 42, start)["logits"], base["logits"])
+                kv[start - W - 1] = saved
+            saved = kv[max(0, start - W)].clone()
+            kv[max(0, start - W)] += 1.0
+            out[f"oldest_in_window_nmse.{num}.{start}"] = C.nmse(o.dspark_draft(one, 42, start)["logits"], base["logits"])
+            kv[max(0, start - W)] = saved
+        row0 = o.dspark_draft(one, 42, W)["x"][0]
+        o.a = dict(o.a, dspark_noise_token_id=(o.a["dspark_noise_token_id"] + 1) % 512)
+        out[f"noise_token_row0_nmse.{num}"] = C.nmse(o.dspark_draft(one, 42, W)["x"][0], row0)
+    for k, v in out.items():
+        tight = k.startswith(("main_hidden_chunked", "seed_chunked", "ring_order", "outside_window"))
+        assert (v < 1e-24) if tight else (v > 1e-8), (k, v)
+    return out
+
+
 def main():
     print("engram constants:", E.self_test())
     print("codecs:", check_codecs())
     with tempfile.TemporaryDirectory() as tmp:
         print("layout (real census per class):", check_layout(tmp))
         print("model:", check_model(tmp))
+        print("dspark:", check_dspark(tmp))
     print("v41 oracle self-test ok")
 
 
