@@ -152,8 +152,8 @@ std::map<std::vector<int32_t>, int64_t> FirstThree(Engine& engine, RequestParams
   return counts;
 }
 
-TEST(SpeculativeSampling, FirstThreeTokensHaveTheDistributionOfPlainSampling) {
-  const int draws = DrawsPerSide();
+// The six sampler settings of the end-to-end checks.
+std::vector<RequestParams> SamplerSettings() {
   // A tiny effective vocabulary: a bias of +6 on four tokens (or top-k) puts nearly all the
   // mass on a few tokens, so that the 3-token sequences fall into a few hundred cells.
   const std::vector<std::pair<int32_t, float>> bias = {{7, 6.f}, {8, 6.f}, {9, 5.f}, {10, 5.f}};
@@ -170,6 +170,35 @@ TEST(SpeculativeSampling, FirstThreeTokensHaveTheDistributionOfPlainSampling) {
   settings[4].frequency_penalty = 0.5;
   settings[5].sampling.temperature = 1.0, settings[5].sampling.top_k = 5,
   settings[5].sampling.top_p = 0.8;
+  return settings;
+}
+
+// The first three tokens from `spec` against `plain` for every setting: chi-square homogeneity
+// at alpha = 1e-3; and the rule both accepts and rejects.
+void ExpectSameFirstThree(Engine& plain, Engine& spec, int vocab) {
+  const int draws = DrawsPerSide();
+  const std::vector<RequestParams> settings = SamplerSettings();
+  for (size_t i = 0; i < settings.size(); ++i) {
+    RequestParams p = settings[i];
+    p.prompt = dsinfer::testing::Ids(6, 40 + static_cast<uint32_t>(i), vocab);
+    p.ignore_eos = true;
+    p.sampling.has_seed = true;
+    const auto a = FirstThree(plain, p, draws), b = FirstThree(spec, p, draws);
+    const ChiSquare h = dsinfer::testing::Homogeneity(a, b, kZ1e3);
+    std::printf("setting %zu: chi2 %.1f, df %d, critical %.1f (alpha 1e-3), %zu distinct\n", i,
+                h.statistic, h.df, h.critical, a.size());
+    EXPECT_FALSE(h.Rejects()) << "setting " << i << ": chi2 " << h.statistic << " > " << h.critical
+                              << " (df " << h.df << ")";
+    EXPECT_GE(h.df, 3) << "setting " << i << ": too few cells to test anything";
+  }
+  const SpecDecodeStats st = spec.Stats().spec_decode;
+  std::printf("drafts: %lld of %lld accepted\n", static_cast<long long>(st.num_accepted_tokens),
+              static_cast<long long>(st.num_draft_tokens));
+  EXPECT_GT(st.num_accepted_tokens, st.num_draft_tokens / 10);  // the rule really accepts
+  EXPECT_LT(st.num_accepted_tokens, st.num_draft_tokens);       // and really rejects
+}
+
+TEST(SpeculativeSampling, FirstThreeTokensHaveTheDistributionOfPlainSampling) {
   const auto& w = dsinfer::testing::PresetWeights("tiny-a");
   auto plain = Engine::Create(w, {.n_threads = 2});
   ASSERT_TRUE(plain.ok());
@@ -179,22 +208,19 @@ TEST(SpeculativeSampling, FirstThreeTokensHaveTheDistributionOfPlainSampling) {
                              std::make_unique<dsinfer::testing::ScriptedDraftRunner>(
                                  std::move(cpu).value(), PerturbedTargetDrafts()));
   ASSERT_TRUE(spec.ok());
-  for (size_t i = 0; i < settings.size(); ++i) {
-    RequestParams p = settings[i];
-    p.prompt = dsinfer::testing::Ids(6, 40 + static_cast<uint32_t>(i));
-    p.ignore_eos = true;
-    p.sampling.has_seed = true;
-    const auto a = FirstThree(**plain, p, draws), b = FirstThree(**spec, p, draws);
-    const ChiSquare h = dsinfer::testing::Homogeneity(a, b, kZ1e3);
-    std::printf("setting %zu: chi2 %.1f, df %d, critical %.1f (alpha 1e-3), %zu distinct\n", i,
-                h.statistic, h.df, h.critical, a.size());
-    EXPECT_FALSE(h.Rejects()) << "setting " << i << ": chi2 " << h.statistic << " > " << h.critical
-                              << " (df " << h.df << ")";
-    EXPECT_GE(h.df, 3) << "setting " << i << ": too few cells to test anything";
-  }
-  const SpecDecodeStats st = (*spec)->Stats().spec_decode;
-  EXPECT_GT(st.num_accepted_tokens, st.num_draft_tokens / 10);  // the rule really accepts
-  EXPECT_LT(st.num_accepted_tokens, st.num_draft_tokens);       // and really rejects
+  ExpectSameFirstThree(**plain, **spec, 1024);
+}
+
+// V4.1's own dSpark drafts (q: the draft block's logits plus the Markov bias, through the same
+// sampler transform), every row proposed (threshold 0).
+TEST(SpeculativeSampling, DsparkDraftsKeepTheDistributionOfPlainSampling) {
+  const auto& w = dsinfer::testing::PresetWeights("tiny-v41-a");
+  auto plain = Engine::Create(w, {.n_threads = 2});
+  ASSERT_TRUE(plain.ok());
+  auto spec = Engine::Create(
+      w, {.n_threads = 2, .speculative_tokens = 3, .draft_min_confidence = 0});
+  ASSERT_TRUE(spec.ok());
+  ExpectSameFirstThree(**plain, **spec, w.config().vocab_size);
 }
 
 }  // namespace
