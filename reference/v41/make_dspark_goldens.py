@@ -149,6 +149,8 @@ def make(ckpt_dir, out_dir, preset, command, writer):
     if not a.get("dspark_block_size") or not a.get("n_mtp_layers"):
         raise SystemExit(f"{ckpt_dir}: no dSpark stages in this checkpoint")
     tm, ncls, tm_info = load_token_map(ckpt_dir, None)
+    if tm_info["source"].startswith(ckpt_dir):  # a temp dir: name it by role
+        tm_info["source"] = "CKPT" + tm_info["source"][len(ckpt_dir):]
     V, B, noise = a["vocab_size"], a["dspark_block_size"], a["dspark_noise_token_id"]
     L, S = sizes(preset, V)
     t_all = time.time()
@@ -231,6 +233,7 @@ def make(ckpt_dir, out_dir, preset, command, writer):
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "dspark.safetensors")
     save_file(T, path, metadata={"preset": preset})
+    tensors_sha256 = C.sha256_file(path)
     manifest = {
         "what": "DeepSeek-V4.1 dSpark draft head (mtp.* stages) from the independent oracle reference/v41/model.py (CPU)",
         "preset": preset,
@@ -268,8 +271,18 @@ def make(ckpt_dir, out_dir, preset, command, writer):
         "dsinfer_git_head": git_head(),
         "generated_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t_all, 1),
+        "tensors_sha256": tensors_sha256,
     }
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+    # a hand-recorded cross-check with the official code (see the manifests) stays valid while the
+    # checkpoint and the tensors are the same: carry it over, else drop it
+    old_path = os.path.join(out_dir, "manifest.json")
+    if os.path.exists(old_path):
+        with open(old_path) as f:
+            old = json.load(f)
+        if "official_code_crosscheck" in old and old.get("checkpoint", {}).get("sha256") == manifest["checkpoint"]["sha256"] \
+                and old.get("tensors_sha256") == manifest["tensors_sha256"]:
+            manifest["official_code_crosscheck"] = old["official_code_crosscheck"]
+    with open(old_path, "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
     print(f"[{preset}] wrote {path} ({os.path.getsize(path)} bytes)", flush=True)
