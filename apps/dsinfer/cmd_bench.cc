@@ -197,7 +197,12 @@ class ModelBench {
     std::vector<double> step_s(static_cast<size_t>(max_k) + 1);   // [k] median seconds
     std::vector<double> step_mb(static_cast<size_t>(max_k) + 1);  // [k] median MB read
     std::vector<double> draft_s(static_cast<size_t>(max_k) + 1);  // [k] median drafting seconds
-    const bool drafts = cpu_.CheckMtpBlock().ok();  // a V4 MTP block (none: not Ok)
+    const bool mtp = cpu_.CheckMtpBlock().ok();    // a V4 MTP block (none: not Ok)
+    const bool dspark = cpu_.CheckDspark().ok();   // V4.1's dSpark stages
+    const bool drafts = mtp || dspark;
+    // dSpark's rings hold every position before a draft: fed once (their values do not change
+    // the cost), then each step feeds its verified rows as the engine does.
+    if (dspark && !SeedRings(states)) return false;
     for (int k = 0; k <= max_k; ++k) {
       std::vector<double> samples, megabytes, draft_samples;
       std::vector<int32_t> toks(static_cast<size_t>(batch) * (k + 1));  // [B, k + 1]
@@ -217,7 +222,7 @@ class ModelBench {
         samples.push_back(Seconds(t0));
         megabytes.push_back(StepBytes() / 1e6);
         if (drafts && k > 0) {
-          const double s_draft = Draft(states, toks, outs, k);
+          const double s_draft = dspark ? DraftDspark(states, outs, k) : Draft(states, toks, outs, k);
           if (s_draft < 0) return false;
           draft_samples.push_back(s_draft);
         }
@@ -244,10 +249,12 @@ class ModelBench {
       std::printf("\n");
       if (drafts && k > 0) {
         const double total = step_s[k] + draft_s[k];
-        std::printf("verify  batch %3d context %6lld: k %d with drafting (%d MTP calls): %8.1f ms "
+        const std::string how = dspark ? "1 dSpark block + " + std::to_string(k) + " Markov rows"
+                                       : std::to_string(k) + " MTP calls";
+        std::printf("verify  batch %3d context %6lld: k %d with drafting (%s): %8.1f ms "
                     "+ %.1f ms = %.3fx the 1-row step",
-                    batch, static_cast<long long>(prefilled.n_tokens()), k, k, step_s[k] * 1e3,
-                    draft_s[k] * 1e3, total / step_s[0]);
+                    batch, static_cast<long long>(prefilled.n_tokens()), k, how.c_str(),
+                    step_s[k] * 1e3, draft_s[k] * 1e3, total / step_s[0]);
         for (double a : {0.5, 0.7, 0.9}) {
           const double per_step = (1 - std::pow(a, k + 1)) / (1 - a);
           std::printf("  a=%.1f: %.2f tok/s (%.2fx)", a, batch * per_step / total,
@@ -294,6 +301,64 @@ class ModelBench {
     }
     for (auto& st : states)
       if (!cpu_.TruncateMtp(*st, 0).ok()) return -1;
+    return seconds;
+  }
+
+  // Feeds every state's dSpark rings up to its backbone length (zero hidden rows: the values do
+  // not change what a draft costs). False when a call fails.
+  bool SeedRings(std::vector<std::unique_ptr<backend::cpu::SequenceState>>& states) {
+    const int64_t K = cpu_.HiddenWidth();
+    for (auto& st : states) {
+      const std::vector<float> zeros(static_cast<size_t>((st->n_tokens() - st->mtp_n_tokens()) * K));
+      if (zeros.empty()) continue;
+      backend::cpu::SequenceState* one[] = {st.get()};
+      const std::span<const float> rows[] = {zeros};
+      if (!cpu_.DsparkSeedBatch(one, rows).ok()) return false;
+    }
+    return true;
+  }
+
+  // The drafting after a verify step with k drafts per sequence, as Engine::AdvanceDsparkDrafts
+  // runs it for V4.1: the step's verified rows into every stage's ring (all k + 1, as if every
+  // draft was accepted; a row more where the rollback took one back), one batched draft block,
+  // then k batched Markov-bias-and-confidence calls (one per draft row). Rolled back after.
+  // Returns the seconds of those calls, or -1 when one fails.
+  double DraftDspark(std::vector<std::unique_ptr<backend::cpu::SequenceState>>& states,
+                     const std::vector<backend::cpu::ForwardOutput>& outs, int k) {
+    const size_t batch = states.size();
+    const int64_t K = cpu_.HiddenWidth(), D = cpu_.config().hidden;
+    std::vector<std::vector<float>> rows(batch);  // [B][n - mtp, K]
+    std::vector<backend::cpu::SequenceState*> seqs(batch);
+    std::vector<std::span<const float>> hidden(batch);
+    for (size_t i = 0; i < batch; ++i) {
+      auto& st = *states[i];
+      const int64_t missing = st.n_tokens() - st.mtp_n_tokens() - (k + 1);
+      rows[i].assign(static_cast<size_t>(std::max<int64_t>(missing, 0) * K), 0.0f);
+      rows[i].insert(rows[i].end(), outs[i].hidden.begin(), outs[i].hidden.end());
+      seqs[i] = &st;
+      hidden[i] = rows[i];
+    }
+    std::vector<int32_t> tokens(batch);
+    for (auto& t : tokens) t = token_(rng_);
+    std::vector<std::vector<float>> logits(batch), x(batch);
+    std::vector<std::vector<float>*> lo(batch), xo(batch);
+    for (size_t i = 0; i < batch; ++i) lo[i] = &logits[i], xo[i] = &x[i];
+    auto t0 = std::chrono::steady_clock::now();
+    if (!cpu_.DsparkSeedBatch(seqs, hidden).ok()) return -1;
+    const std::vector<int> n_logits(batch, k);  // the engine's head rows: the drafts wanted
+    if (!cpu_.DsparkDraftBatch(seqs, tokens, lo, xo, n_logits).ok()) return -1;
+    std::vector<float> bias, conf, xr;  // [B, vocab], [B], [B, hidden]
+    for (int j = 0; j < k; ++j) {
+      xr.clear();
+      for (size_t i = 0; i < batch; ++i)
+        xr.insert(xr.end(), x[i].begin() + j * D, x[i].begin() + (j + 1) * D);
+      if (!cpu_.DsparkMarkov(tokens, xr, &bias, &conf).ok()) return -1;
+      for (auto& t : tokens) t = token_(rng_);  // the drafts just sampled
+    }
+    const double seconds = Seconds(t0);
+    const int64_t back = states[0]->n_tokens() - (k + 1);
+    for (auto& st : states)
+      if (!cpu_.TruncateMtp(*st, back).ok()) return -1;
     return seconds;
   }
 

@@ -52,7 +52,7 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 int RunCreateDemoModel(int argc, char** argv) {
   const char* usage =
       "dsinfer create-demo-model DIR [--preset tiny-a|tiny-b|tiny-c|demo|bench|bench-mtp|tiny-v41-a|"
-      "tiny-v41-b|tiny-v41-c|demo-v4.1|demo-v4.1-bigengram|bench-v4.1] [--seed N] "
+      "tiny-v41-b|tiny-v41-c|demo-v4.1|demo-v4.1-bigengram|bench-v4.1|bench-v4.1-dspark] [--seed N] "
       "[--tokenizer FILE [--tokenizer-overlay FILE]] [--sparse-engram]";
   Args args;
   if (!args.Parse(argc, argv, {"preset", "seed", "threads", "tokenizer", "tokenizer-overlay"},

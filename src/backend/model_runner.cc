@@ -114,14 +114,17 @@ class CpuRunner final : public ModelRunner {
     std::vector<cpu::SequenceState*> states(runs.size());
     std::vector<int32_t> tokens(runs.size());
     std::vector<std::vector<float>*> logits(runs.size()), x(runs.size());
+    std::vector<int> n_logits(runs.size());
+    const int block = model_->config().dspark.block_size;
     for (size_t i = 0; i < runs.size(); ++i) {
       if (runs[i].state == nullptr) return InvalidArgument("DsparkDraft: a run has no state");
       states[i] = &Cpu(*runs[i].state);
       tokens[i] = runs[i].token;
       logits[i] = runs[i].logits;
       x[i] = runs[i].x;
+      n_logits[i] = runs[i].n_logits < 0 ? block : runs[i].n_logits;
     }
-    return model_->DsparkDraftBatch(states, tokens, logits, x);
+    return model_->DsparkDraftBatch(states, tokens, logits, x, n_logits);
   }
   Status DsparkMarkov(std::span<const int32_t> prev, std::span<const float> x,
                       std::vector<float>* bias, std::vector<float>* confidence) override {

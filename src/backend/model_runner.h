@@ -49,7 +49,8 @@ struct DsparkSeedRun {
 struct DsparkDraftRun {
   RunnerState* state = nullptr;  // its stage rings hold every backbone position
   int32_t token = 0;             // the pending token, at position n_tokens
-  std::vector<float>* logits = nullptr;  // out: [block, vocab] f32 before the Markov bias
+  int n_logits = -1;  // the block's first rows whose logits are wanted (-1: all of them)
+  std::vector<float>* logits = nullptr;  // out: [n_logits, vocab] f32 before the Markov bias
   std::vector<float>* x = nullptr;       // out: [block, hidden] f32 collapsed streams
 };
 

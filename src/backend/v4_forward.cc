@@ -482,16 +482,27 @@ Status V4Forward::DsparkSeed(V4Ops& ops, std::span<const Segment> segments,
 }
 
 Status V4Forward::DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
-                              std::span<const int32_t> tokens, std::vector<float>* logits,
-                              std::vector<float>* x) const {
+                              std::span<const int32_t> tokens, std::span<const int> n_logits,
+                              std::vector<float>* logits, std::vector<float>* x) const {
   DSINFER_RETURN_IF_ERROR(CheckDspark());
   const model::ModelConfig& c = config_;
   const int64_t D = c.hidden, HD = int64_t{c.hc_mult} * D, V = c.vocab_size;
+  const int B = c.dspark.block_size;
   const auto T = static_cast<int64_t>(tokens.size());
-  for (const Segment& sg : segments)
-    if (sg.n != c.dspark.block_size)
-      return InvalidArgument("DsparkDraft: a draft block has " + std::to_string(c.dspark.block_size) +
+  if (!n_logits.empty() && n_logits.size() != segments.size())
+    return InvalidArgument("DsparkDraft: one logits count per draft block");
+  std::vector<int64_t> head_rows;  // the rows whose logits come back, segment after segment
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& sg = segments[i];
+    if (sg.n != B)
+      return InvalidArgument("DsparkDraft: a draft block has " + std::to_string(B) +
                              " rows, not " + std::to_string(sg.n));
+    const int wanted = n_logits.empty() ? B : n_logits[i];
+    if (wanted < 0 || wanted > B)
+      return InvalidArgument("DsparkDraft: logits of " + std::to_string(wanted) + " rows of " +
+                             std::to_string(B));
+    for (int r = 0; r < wanted; ++r) head_rows.push_back(sg.row + r);
+  }
   DSINFER_RETURN_IF_ERROR(CheckTokens(tokens).WithContext("DsparkDraft"));
   DSINFER_RETURN_IF_ERROR(ops.BeginStep(segments, tokens));
   // [token, noise...] embedded into every stream; single-pass mHC from the one-hot pre.
@@ -509,11 +520,15 @@ Status V4Forward::DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
   DSINFER_RETURN_IF_ERROR(ops.HcCollapse(H, T, ctx.carry, ctx.carry_stride, y));
   x->resize(static_cast<size_t>(T * D));
   DSINFER_RETURN_IF_ERROR(ops.Download(y, T * D, x->data()));
-  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(last, Norm::kFinal, y, T, D));
-  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, T * V));  // [T, V]
-  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kHead, LinearMode::kFp32, y, T, dl));
-  logits->resize(static_cast<size_t>(T * V));
-  return ops.Download(dl, T * V, logits->data());
+  const auto R = static_cast<int64_t>(head_rows.size());
+  logits->resize(static_cast<size_t>(R * V));
+  if (R == 0) return Status::Ok();
+  DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, R * D));  // [R, D]
+  DSINFER_RETURN_IF_ERROR(ops.GatherRows(y, head_rows, D, rows));
+  DSINFER_RETURN_IF_ERROR(ops.RmsNorm(last, Norm::kFinal, rows, R, D));
+  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, R * V));  // [R, V]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kHead, LinearMode::kFp32, rows, R, dl));
+  return ops.Download(dl, R * V, logits->data());
 }
 
 Status V4Forward::DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev,

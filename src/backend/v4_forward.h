@@ -69,11 +69,13 @@ class V4Forward {
                     std::vector<float>* main_x = nullptr) const;
   // The draft block of every segment: n = block_size rows at start_pos = the stage rings'
   // length (= the backbone's), tokens [T] = per segment [pending token, noise x (B - 1)]. Row i
-  // predicts the token at start_pos + i + 1. logits [T, vocab] before the Markov bias; x [T,
-  // hidden] the collapsed streams (the head's and the confidence head's input).
+  // predicts the token at start_pos + i + 1. x [T, hidden] the collapsed streams (the head's
+  // and the confidence head's input); logits [sum n_logits, vocab] before the Markov bias, of
+  // each segment's first n_logits[i] rows (the drafts wanted: the head is most of a block's
+  // cost; empty n_logits: every row).
   Status DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
-                     std::span<const int32_t> tokens, std::vector<float>* logits,
-                     std::vector<float>* x) const;
+                     std::span<const int32_t> tokens, std::span<const int> n_logits,
+                     std::vector<float>* logits, std::vector<float>* x) const;
   // The last stage's Markov bias and confidence for R draft rows: prev [R] the token before
   // each row's prediction (the pending token for row 0, else the previous draft), x [R, hidden]
   // the row's collapsed streams. bias [R, vocab] is added to the row's logits; confidence [R]

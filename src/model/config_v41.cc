@@ -509,7 +509,7 @@ void TinyDims(ModelConfig& c) {
 
 std::vector<std::string> V41PresetNames() {
   return {"tiny-v41-a", "tiny-v41-b",          "tiny-v41-c",
-          "demo-v4.1",  "demo-v4.1-bigengram", "bench-v4.1"};
+          "demo-v4.1",  "demo-v4.1-bigengram", "bench-v4.1", "bench-v4.1-dspark"};
 }
 
 Result<ModelConfig> V41PresetConfig(const std::string& name) {
@@ -584,6 +584,25 @@ Result<ModelConfig> V41PresetConfig(const std::string& name) {
     c.engram.head_dim = 256;
     c.image_token_id = 129264;
     c.n_mtp_layers = 0;
+  } else if (name == "bench-v4.1-dspark") {
+    // For timing dSpark drafting: the three dSpark stages at V4.1-Flash's sizes (spec §14.6:
+    // 128 FP4 experts top-3 each, Markov rank 256, blocks of 5, three 5120-wide targets into
+    // main_proj), behind one backbone layer of bench-v4.1's ratio-1 kind with 128 experts
+    // (its size does not enter the drafting's cost; it keeps the preset at ~13 GB). The three
+    // targets all read that one layer.
+    c.vocab_size = 129280, c.hidden = 5120, c.moe_inter = 2304, c.n_heads = 64, c.head_dim = 512;
+    c.rope_dim = 64, c.q_lora_rank = 1280, c.o_lora_rank = 1024, c.o_groups = 8;
+    c.n_layers = 1, c.compress_ratios = {1, 0, 0, 0};
+    c.kv_source_layers = {0}, c.index_source_layers = {0};
+    c.candidate_source_layer = 0, c.candidate_topk_blocks = 2048, c.candidate_block_size = 8;
+    c.n_routed_experts = 128, c.n_experts_per_tok = 6, c.window = 128;
+    c.index_n_heads = 32, c.index_head_dim = 128, c.index_topk = 512;
+    c.max_position_embeddings = 1048576;
+    c.engram.layer_ids = {0}, c.engram.vocab_size = 16000, c.engram.n_heads = 8;
+    c.engram.head_dim = 256;
+    c.image_token_id = 129264;
+    c.n_mtp_layers = 3;
+    c.dspark = {5, 128799, {0, 0, 0}, 256, 128, 3};
   } else {
     return NotFound("unknown preset '" + name + "'");
   }

@@ -239,6 +239,7 @@ void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
     Sequence& s = *d.seq;
     blocks.push_back({.state = s.state.get(),
                       .token = s.tokens[s.state->n_tokens()],
+                      .n_logits = static_cast<int>(d.want),  // the rows after stay unread
                       .logits = &d.logits,
                       .x = &d.x});
     drafting.push_back(&s);

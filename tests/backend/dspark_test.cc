@@ -111,6 +111,19 @@ TEST_P(Dspark, ADraftChangesNoStateAndIsTheSameAloneAndBatched) {
     EXPECT_EQ(batched[i].logits, alone[i].logits) << "length " << lengths[i];
     EXPECT_EQ(batched[i].x, alone[i].x) << "length " << lengths[i];
   }
+  // Logits of the first rows only (the drafts wanted): the same rows, bit for bit.
+  for (int n : {0, 1, m.config().dspark.block_size - 1}) {
+    Draft part;
+    SequenceState* one[] = {seqs[2].get()};
+    const int32_t tok[] = {tokens_[3 + lengths[2]]};
+    std::vector<float>* lo[] = {&part.logits};
+    std::vector<float>* xo[] = {&part.x};
+    const int wanted[] = {n};
+    ASSERT_TRUE(m.DsparkDraftBatch(one, tok, lo, xo, wanted).ok());
+    ASSERT_EQ(part.logits.size(), static_cast<size_t>(n) * m.config().vocab_size);
+    EXPECT_TRUE(std::equal(part.logits.begin(), part.logits.end(), alone[2].logits.begin()));
+    EXPECT_EQ(part.x, alone[2].x);
+  }
   // The rings travel in exported states: an imported copy drafts the same.
   auto copy = m.Import(*before, consumed);
   ASSERT_TRUE(copy.ok()) << copy.status().ToString();

@@ -227,12 +227,13 @@ Status CpuModel::DsparkSeedBatch(std::span<SequenceState* const> states,
 Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
                                   std::span<const int32_t> tokens,
                                   std::span<std::vector<float>* const> logits,
-                                  std::span<std::vector<float>* const> x) {
+                                  std::span<std::vector<float>* const> x,
+                                  std::span<const int> n_logits) {
   DSINFER_RETURN_IF_ERROR(CheckDspark());
   const model::ModelConfig& c = config();
   if (tokens.size() != states.size() || logits.size() != states.size() ||
-      x.size() != states.size())
-    return InvalidArgument("DsparkDraftBatch: one token and two outputs per state");
+      x.size() != states.size() || (!n_logits.empty() && n_logits.size() != states.size()))
+    return InvalidArgument("DsparkDraftBatch: one token, two outputs (and a logits count) per state");
   const int B = c.dspark.block_size;
   std::vector<Segment> segments;
   std::vector<int32_t> ids;  // [T]: per state [token, noise x (B - 1)]
@@ -246,17 +247,22 @@ Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
                              std::to_string(st->n_tokens()) + " positions");
     if (logits[i] == nullptr || x[i] == nullptr)
       return InvalidArgument("DsparkDraftBatch: missing output");
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == st) return InvalidArgument("DsparkDraftBatch: a sequence appears twice");
     segments.push_back({static_cast<int64_t>(ids.size()), B, st->n_tokens(), st});
     ids.push_back(tokens[i]);
     for (int j = 1; j < B; ++j) ids.push_back(c.dspark.noise_token_id);
   }
   if (segments.empty()) return Status::Ok();
-  std::vector<float> all_logits, all_x;  // [T, vocab], [T, hidden]
-  DSINFER_RETURN_IF_ERROR(program_.DsparkDraft(ops(), segments, ids, &all_logits, &all_x));
+  std::vector<float> all_logits, all_x;  // [sum n_logits, vocab], [T, hidden]
+  DSINFER_RETURN_IF_ERROR(
+      program_.DsparkDraft(ops(), segments, ids, n_logits, &all_logits, &all_x));
   const int64_t V = c.vocab_size, D = c.hidden;
+  int64_t li = 0;
   for (size_t i = 0; i < states.size(); ++i) {
-    const int64_t r = segments[i].row;
-    logits[i]->assign(all_logits.begin() + r * V, all_logits.begin() + (r + B) * V);
+    const int64_t r = segments[i].row, n = n_logits.empty() ? B : n_logits[i];
+    logits[i]->assign(all_logits.begin() + li * V, all_logits.begin() + (li + n) * V);
+    li += n;
     x[i]->assign(all_x.begin() + r * D, all_x.begin() + (r + B) * D);
   }
   return Status::Ok();

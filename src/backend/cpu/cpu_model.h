@@ -122,10 +122,12 @@ class CpuModel {
                          std::span<const std::span<const float>> hidden,
                          std::vector<float>* main_x = nullptr);
   // The draft block of each state (whose stage rings hold all its positions) after its pending
-  // token tokens[i]: logits[i] [block, vocab] before the Markov bias, x[i] [block, hidden].
+  // token tokens[i]: x[i] [block, hidden], logits[i] [n_logits[i], vocab] before the Markov bias
+  // of the block's first n_logits[i] rows (empty n_logits: all).
   Status DsparkDraftBatch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
                           std::span<std::vector<float>* const> logits,
-                          std::span<std::vector<float>* const> x);
+                          std::span<std::vector<float>* const> x,
+                          std::span<const int> n_logits = {});
   Status DsparkMarkov(std::span<const int32_t> prev, std::span<const float> x,
                       std::vector<float>* bias, std::vector<float>* confidence) {
     return program_.DsparkMarkov(ops(), prev, x, bias, confidence);
