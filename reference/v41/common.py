@@ -23,8 +23,22 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7; 8..15 are th
 # ----------------------------------------------------------------------------------------------
 
 
+def _rne_f64(x: torch.Tensor, mbits: int, min_exp: int) -> torch.Tensor:
+    """x (float64) rounded to nearest-even on a grid of mbits explicit mantissa bits with normal
+    exponents >= min_exp (smaller values on the subnormal grid 2^(min_exp - mbits)); no overflow
+    handling (the caller's cast does it). Every step is exact in float64: x / q and r * q scale by a
+    power of two, torch.round is half-to-even."""
+    _, e = torch.frexp(x)  # |x| = m 2^e, 0.5 <= m < 1
+    q = torch.ldexp(torch.ones_like(x), torch.clamp(e - 1, min=min_exp) - mbits)
+    return torch.round(x / q) * q
+
+
 def bf16(x: torch.Tensor) -> torch.Tensor:
-    """Round to bfloat16 (RNE) and come back in x's dtype."""
+    """Round to bfloat16 (RNE) and come back in x's dtype. torch casts float64 to bfloat16 through
+    float32 (two roundings: a value within half an fp32 ulp of a bf16 midpoint lands on the midpoint
+    and then goes to even, whichever side it was on), so float64 is rounded here first."""
+    if x.dtype == torch.float64:
+        x = _rne_f64(x, 7, -126)
     return x.to(torch.bfloat16).to(x.dtype)
 
 
@@ -38,7 +52,10 @@ def ceil_pow2(f: torch.Tensor) -> torch.Tensor:
 
 
 def e4m3_round(x: torch.Tensor) -> torch.Tensor:
-    """Nearest e4m3fn value (RNE; caller clamps to +-448 first). Same dtype out."""
+    """Nearest e4m3fn value (RNE; caller clamps to +-448 first). Same dtype out. float64 is rounded
+    here first: torch's float64 -> float8 cast goes through float32 (two roundings, as in bf16)."""
+    if x.dtype == torch.float64:
+        x = _rne_f64(x, 3, -6)
     return x.to(torch.float8_e4m3fn).to(x.dtype)
 
 

@@ -455,7 +455,9 @@ class V41Oracle:
         wqk = self.W(f"layers.{layer}.engram.q_weight") * self.W(f"layers.{layer}.engram.k_weight")
         rstd = torch.rsqrt((H * H).mean(-1) + self.eps) * torch.rsqrt((key * key).mean(-1) + self.eps)
         dot = (H * wqk * key).sum(-1) * rstd * D**-0.5
-        gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+        # sign(dot), not copysign: an exactly-zero dot gives gate sigmoid(0) = 0.5 as in the official
+        # `dot.abs().clamp_min(1e-6).sqrt() * dot.sign()` (copysign would give sigmoid(+-1e-3))
+        gate = torch.sigmoid(dot.abs().clamp_min(1e-6).sqrt() * torch.sign(dot))
         return self.bf(H + gate.unsqueeze(-1) * value.unsqueeze(1))
 
     # -- one block (backbone layer or dSpark stage) ------------------------------------------------

@@ -7,9 +7,11 @@
      expected_tensors(its config), dtypes and shapes included.
   3. Codecs: e2m1 rounding equals a brute-force nearest-with-even-code search; the FP8 / FP4 weight
      encoders round-trip exactly through the dequantizers; act_quant's scale is the ceil power of two
-     of amax*fp32(1/448) (checked against math.frexp); E4M3-scaled FP4 is idempotent.
+     of amax*fp32(1/448) (checked against math.frexp); E4M3-scaled FP4 is idempotent; bf16 / e4m3
+     rounding of float64 is one correct rounding (not torch's cast through float32).
   4. Model: one-shot == ragged chunks + decode in fp64 (both numerics); removing a feature (Engram,
-     the candidate pre-filter, the newest-block pin) changes the logits, so the goldens exercise it.
+     the candidate pre-filter, the newest-block pin) changes the logits, so the goldens exercise it;
+     the Engram gate of an exactly-zero dot is sigmoid(0) (sign, not copysign).
   5. dSpark: main_hidden of ragged chunks == one-shot; seeding the rings in chunks == one row at a
      time; a draft is independent of the ring slots' order; it reads exactly the newest window_size
      ring rows (a row just outside the window changes nothing, the oldest one inside does), also
@@ -71,6 +73,20 @@ def check_codecs():
     assert torch.equal(C.fp4_round_trip_e4m3(y, 16), y), "E4M3-scaled FP4 idempotent"
     z = C.fp4_round_trip_e8m0(x, 32)
     assert torch.equal(C.fp4_round_trip_e8m0(z, 32), z)
+    # float64 -> bf16 / e4m3 is one rounding: values 1e-9 (relative) either side of the midpoint
+    # of two neighbours round to the nearer one (torch's own cast, through float32, lands on the
+    # midpoint and goes to even for about half of them)
+    for fmt, nxt_bits, rnd in ((torch.bfloat16, torch.int16, C.bf16), (torch.float8_e4m3fn, torch.int8, C.e4m3_round)):
+        bits = torch.randint(0, 2 ** (torch.finfo(fmt).bits - 1) - 1, (20000,), generator=g)  # positive patterns
+        lo = bits.to(nxt_bits).view(fmt).double()
+        hi = (bits + 1).to(nxt_bits).view(fmt).double()  # next representable up in magnitude
+        ok = torch.isfinite(lo) & torch.isfinite(hi) & (lo.abs() <= torch.finfo(fmt).max) & (hi.abs() <= torch.finfo(fmt).max)
+        lo, hi = lo[ok], hi[ok]
+        for rel in (-1e-9, 1e-9):
+            v = (lo + hi) / 2 * (1 + rel)
+            want = torch.where((v - lo).abs() < (hi - v).abs(), lo, hi)
+            for sign in (1, -1):
+                assert torch.equal(rnd(sign * v), sign * want), f"{fmt} rounding of float64"
     return "ok"
 
 
@@ -136,6 +152,19 @@ def check_model(tmp):
         out["pin_effect_nmse"] = C.nmse(o4.forward(o4.new_state(), ids), base)
         for k in ("engram_effect_nmse", "prefilter_effect_nmse", "pin_effect_nmse"):
             assert out[k] > 1e-6, (k, out[k])
+    # Engram gate at an exactly-zero dot (an all-zero stream): sign(0) = 0, so gate = sigmoid(0) =
+    # 1/2 and the stream becomes value / 2, as with the official `* dot.sign()` and in the engine.
+    # fp32 numerics: official's bf16 rounding would hide sigmoid(1e-3) - 1/2 = 2.5e-4 here.
+    o = M.V41Oracle(ck, tm, n, "fp32", torch.float64)
+    layer = o.a["engram_layer_ids"][0]
+    H0 = torch.zeros(1, o.hc, o.D, dtype=torch.float64)
+    ids0 = torch.from_numpy(o.hasher.hash_ids([5, 6, 7]))[2:3, o.hasher.layer_ids.index(layer)]
+    got = o.engram(layer, H0, ids0)
+    rows = C.dequant_fp8_rows(*(t[ids0.reshape(-1)] for t in o.w.engram_table(layer))).to(torch.float64).reshape(1, -1)
+    value = o.lin_fp8(rows, f"layers.{layer}.engram.wkv")[:, o.hc * o.D :]
+    want = (0.5 * value).unsqueeze(1).expand_as(got)
+    out["engram_zero_dot_max_err"] = float((got - want).abs().max())
+    assert out["engram_zero_dot_max_err"] == 0.0, out
     return out
 
 
