@@ -201,11 +201,12 @@ void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
   struct Dspark {
     Sequence* seq = nullptr;
     int64_t want = 0;
-    std::vector<float> logits, x;    // [block, vocab] before the Markov bias, [block, hidden]
+    std::vector<float> logits, x;    // [want, vocab] before the Markov bias, [block, hidden]
     std::vector<int32_t> generated;  // as if the drafts so far were emitted
   };
   std::vector<Dspark> active;
   std::vector<backend::DsparkSeedRun> seeds;
+  std::vector<Sequence*> seeding;  // the sequences of `seeds`
   active.reserve(jobs.size());
   for (const DraftJob& job : jobs) {
     const std::optional<DraftStart> start = StartDrafting(job);
@@ -213,10 +214,12 @@ void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
     const auto [m, n, want] = *start;
     Sequence& s = *job.seq;
     // The stages' rings take the positions the backbone computed since they last did.
-    if (m < n)
+    if (m < n) {
       seeds.push_back({.state = s.state.get(),
                        .hidden = std::span<const float>(job.run->out.hidden)
                                      .subspan((m - job.run->plan->start) * K, (n - m) * K)});
+      seeding.push_back(&s);
+    }
     if (want > 0) active.push_back({.seq = &s, .want = want});
   }
   const auto fail = [&](std::span<Sequence* const> failed, const Status& st) {
@@ -226,11 +229,7 @@ void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
       if (!s->finished) Finish(*s, FinishReason::kError, st.WithContext("speculative decoding"));
     }
   };
-  if (const Status st = model->DsparkSeed(seeds); !st.ok()) {
-    std::vector<Sequence*> all;
-    for (const DraftJob& job : jobs) all.push_back(job.seq);
-    return fail(all, st);
-  }
+  if (const Status st = model->DsparkSeed(seeds); !st.ok()) return fail(seeding, st);
   if (active.empty()) return;
   // One draft block per sequence, all in one pass over the stages' weights.
   std::vector<backend::DsparkDraftRun> blocks;
