@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/sha256.h"
 #include "io/safetensors.h"
 
 namespace dsinfer::testing {
@@ -18,10 +21,26 @@ namespace dsinfer::testing {
 // The source tree's fixtures; the environment variable DSINFER_SOURCE_DIR overrides the tree the
 // binary was built from (test binaries built on one machine and run on another, as
 // scripts/gpu-check.sh with DSINFER_GPU_CHECK_PREBUILT does).
-inline std::string GoldenFixtureDir(const std::string& preset) {
+inline std::string FixtureDir(const std::string& relative) {
   const char* env = std::getenv("DSINFER_SOURCE_DIR");
   const std::string root = env != nullptr && *env != '\0' ? env : DSINFER_SOURCE_DIR;
-  return root + "/tests/fixtures/golden/" + preset;
+  return root + "/tests/fixtures/" + relative;
+}
+inline std::string GoldenFixtureDir(const std::string& preset) {
+  return FixtureDir("golden/" + preset);
+}
+
+// A file's SHA-256 in hex (a regenerated checkpoint against the one a golden was made from).
+inline std::string FileSha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  Sha256 h;
+  std::vector<char> buf(1 << 16);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h.Update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf.data()),
+                                      static_cast<size_t>(in.gcount())));
+  }
+  return HexDigest(h.Finish());
 }
 
 // The tensor `name` of f as a vector of T (empty when absent).

@@ -222,7 +222,8 @@ class ModelBench {
         samples.push_back(Seconds(t0));
         megabytes.push_back(StepBytes() / 1e6);
         if (drafts && k > 0) {
-          const double s_draft = dspark ? DraftDspark(states, outs, k) : Draft(states, toks, outs, k);
+          const double s_draft =
+              dspark ? DraftDspark(states, outs, k) : Draft(states, toks, outs, k);
           if (s_draft < 0) return false;
           draft_samples.push_back(s_draft);
         }
@@ -309,7 +310,8 @@ class ModelBench {
   bool SeedRings(std::vector<std::unique_ptr<backend::cpu::SequenceState>>& states) {
     const int64_t K = cpu_.HiddenWidth();
     for (auto& st : states) {
-      const std::vector<float> zeros(static_cast<size_t>((st->n_tokens() - st->mtp_n_tokens()) * K));
+      const int64_t missing = st->n_tokens() - st->mtp_n_tokens();  // positions
+      const std::vector<float> zeros(static_cast<size_t>(missing * K));  // [missing, K]
       if (zeros.empty()) continue;
       backend::cpu::SequenceState* one[] = {st.get()};
       const std::span<const float> rows[] = {zeros};

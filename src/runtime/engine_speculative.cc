@@ -273,7 +273,8 @@ void Engine::Impl::AdvanceDsparkDrafts(std::span<const DraftJob> jobs) {
       for (int64_t v = 0; v < V; ++v) logits[v] += bias[i * V + v];
       const SamplingParams sp = SamplerOf(s);
       TokenDistribution q = SamplingDistribution(AdjustedLogits(s, logits, d.generated), sp);
-      const int32_t draft = SampleFrom(q, UniformFromCounter(DraftSeed(sp), 3 * d.generated.size()));
+      const int32_t draft =
+          SampleFrom(q, UniformFromCounter(DraftSeed(sp), 3 * d.generated.size()));
       s.drafts.push_back(draft);
       s.draft_dists.push_back(std::move(q));
       d.generated.push_back(draft);

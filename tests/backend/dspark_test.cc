@@ -175,7 +175,8 @@ TEST_P(Dspark, BadCallsAreRefusedBeforeAnythingChanges) {
   too_many.insert(too_many.end(), out.hidden.begin(), out.hidden.begin() + m.HiddenWidth());
   const std::span<const float> h1[] = {too_many};
   EXPECT_FALSE(m.DsparkSeedBatch(states, h1).ok());
-  const std::span<const float> h2[] = {std::span<const float>(out.hidden).first(out.hidden.size() - 1)};
+  const std::span<const float> h2[] = {
+      std::span<const float>(out.hidden).first(out.hidden.size() - 1)};
   EXPECT_FALSE(m.DsparkSeedBatch(states, h2).ok());
   EXPECT_EQ(st->mtp_n_tokens(), 0);
   // A token outside the vocabulary.

@@ -28,24 +28,6 @@ namespace fs = std::filesystem;
 using dsinfer::testing::CompareLogits;
 using dsinfer::testing::ReadGoldenTensor;
 
-std::string DsparkGoldenDir(const std::string& preset) {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  const std::string root = env != nullptr && *env != '\0' ? env : DSINFER_SOURCE_DIR;
-  return root + "/tests/fixtures/v41/dspark/" + preset;
-}
-
-std::string FileSha256(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  Sha256 h;
-  std::vector<char> buf(1 << 16);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h.Update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf.data()),
-                                      static_cast<size_t>(in.gcount())));
-  }
-  return HexDigest(h.Finish());
-}
-
 // The worst of one quantity over the compared rows.
 struct Worst {
   double value = 0;
@@ -82,14 +64,15 @@ class GoldenDspark : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenDspark, TheDraftHeadMatchesTheOracle) {
   const std::string preset = GetParam();
-  const std::string dir = DsparkGoldenDir(preset);
+  const std::string dir = dsinfer::testing::FixtureDir("v41/dspark/" + preset);
   ASSERT_TRUE(fs::exists(dir + "/manifest.json")) << "missing dSpark goldens for " << preset;
   const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
   const auto& weights = dsinfer::testing::PresetWeights(preset, 1);
   int n_hashed = 0;
   for (const auto& [file, hash] : manifest["checkpoint"]["sha256"].items()) {
     if (file.rfind("model", 0) != 0) continue;
-    EXPECT_EQ(FileSha256(weights.checkpoint().dir() + "/" + file), hash.get<std::string>())
+    EXPECT_EQ(dsinfer::testing::FileSha256(weights.checkpoint().dir() + "/" + file),
+              hash.get<std::string>())
         << file << ": create-demo-model output changed; regenerate the dSpark goldens";
     ++n_hashed;
   }
@@ -108,8 +91,8 @@ TEST_P(GoldenDspark, TheDraftHeadMatchesTheOracle) {
   ThreadPool pool(2);
   for (const bool official : {false, true}) {
     const std::string nm = official ? "official" : "fp32";
-    auto made = CpuModel::Create(weights, official ? Numerics::Official() : Numerics::Fp32Reference(),
-                                 pool);
+    auto made = CpuModel::Create(
+        weights, official ? Numerics::Official() : Numerics::Fp32Reference(), pool);
     ASSERT_TRUE(made.ok());
     CpuModel& m = **made;
     const int64_t K = m.HiddenWidth();

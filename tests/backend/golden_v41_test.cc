@@ -25,24 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string V41GoldenDir(const std::string& preset) {
-  const char* env = std::getenv("DSINFER_SOURCE_DIR");
-  const std::string root = env != nullptr && *env != '\0' ? env : DSINFER_SOURCE_DIR;
-  return root + "/tests/fixtures/v41/golden_demo/" + preset;
-}
-
-std::string FileSha256(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  Sha256 h;
-  std::vector<char> buf(1 << 16);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h.Update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf.data()),
-                                      static_cast<size_t>(in.gcount())));
-  }
-  return HexDigest(h.Finish());
-}
-
 // What one numerics' comparison over a preset's prompts found.
 struct Tally {
   int stable = 0;         // stored positions before the oracle's first unstable one
@@ -63,7 +45,7 @@ class GoldenV41 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenV41, LogitsAndGreedyMatchTheOracle) {
   const std::string preset = GetParam();
-  const std::string dir = V41GoldenDir(preset);
+  const std::string dir = dsinfer::testing::FixtureDir("v41/golden_demo/" + preset);
   ASSERT_TRUE(fs::exists(dir + "/manifest.json")) << "missing V4.1 goldens for " << preset;
   const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
   const auto& weights = dsinfer::testing::PresetWeights(preset, 1);
@@ -71,7 +53,8 @@ TEST_P(GoldenV41, LogitsAndGreedyMatchTheOracle) {
   int n_hashed = 0;
   for (const auto& [file, hash] : manifest["checkpoint"]["dir_fingerprint_sha256"].items()) {
     if (file.rfind("model", 0) != 0) continue;
-    EXPECT_EQ(FileSha256(weights.checkpoint().dir() + "/" + file), hash.get<std::string>())
+    EXPECT_EQ(dsinfer::testing::FileSha256(weights.checkpoint().dir() + "/" + file),
+              hash.get<std::string>())
         << file << ": create-demo-model output changed; regenerate the goldens";
     ++n_hashed;
   }

@@ -9,14 +9,18 @@
 #include "../engine_test_util.h"
 #include "backend/cpu/cpu_model.h"
 #include "runtime/engine.h"
+#include "speculative_test_util.h"
 
 namespace dsinfer::runtime {
 namespace {
 
 using dsinfer::testing::Collect;
+using dsinfer::testing::ExpectSame;
 using dsinfer::testing::Greedy;
 using dsinfer::testing::Ids;
+using dsinfer::testing::Mixed;
 using dsinfer::testing::Outcome;
+using dsinfer::testing::RunAll;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o) {
   o.n_threads = 2;
@@ -26,39 +30,10 @@ std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o) {
   return std::move(e).value();
 }
 
-std::vector<Outcome> RunAll(Engine& engine, const std::vector<RequestParams>& reqs) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& r : reqs) {
-    auto s = engine.Submit(r);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    streams.push_back(*s);
-  }
-  std::vector<Outcome> out;
-  for (auto& s : streams) out.push_back(Collect(*s)[0]);
-  return out;
-}
-
-std::vector<RequestParams> Mixed(int n, int max_tokens, uint32_t seed, int vocab = 512) {
-  std::vector<RequestParams> reqs;
-  const int lens[] = {5, 40, 1, 64, 19, 7, 33, 12};
-  for (int i = 0; i < n; ++i)
-    reqs.push_back(Greedy(Ids(lens[i % 8] + i, seed + i, vocab), max_tokens - (i % 5)));
-  return reqs;
-}
-
-void ExpectSame(const std::vector<Outcome>& want, const std::vector<Outcome>& got,
-                const std::string& what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(want[i].tokens, got[i].tokens) << what << ", request " << i;
-    EXPECT_EQ(want[i].logprobs, got[i].logprobs) << what << ", request " << i;
-  }
-}
-
 // Every draft proposed (threshold 0): the verify rows, rollbacks and ring catch-up all run.
 TEST(DsparkEngine, GreedyIsBitIdenticalOnEveryTinyV41PresetAloneAndBatched) {
   for (const std::string preset : {"tiny-v41-a", "tiny-v41-b", "tiny-v41-c"}) {
-    const std::vector<RequestParams> reqs = Mixed(8, 14, 40);
+    const std::vector<RequestParams> reqs = Mixed(8, 14, 40, 512);
     auto base = MakeEngine(preset, {});
     const std::vector<Outcome> want = RunAll(*base, reqs);
     for (int k = 1; k <= 3; ++k) {  // the tiny presets' block is 3
@@ -76,7 +51,7 @@ TEST(DsparkEngine, GreedyIsBitIdenticalOnEveryTinyV41PresetAloneAndBatched) {
 }
 
 TEST(DsparkEngine, GreedyIsBitIdenticalInABatchOf32) {
-  const std::vector<RequestParams> reqs = Mixed(32, 12, 700);
+  const std::vector<RequestParams> reqs = Mixed(32, 12, 700, 512);
   auto base = MakeEngine("tiny-v41-a", {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
   auto spec = MakeEngine("tiny-v41-a", {.speculative_tokens = 3, .draft_min_confidence = 0});
@@ -123,7 +98,7 @@ TEST(DsparkEngine, GreedyIsBitIdenticalAfterPreemptionAndAfterAPrefixHit) {
 // The confidence head decides how many of the block's rows are verified: none when no
 // probability reaches 1, all k when the threshold is 0, and in between by default.
 TEST(DsparkEngine, TheConfidenceThresholdChoosesHowManyDraftsAreVerified) {
-  const std::vector<RequestParams> reqs = Mixed(8, 16, 90);
+  const std::vector<RequestParams> reqs = Mixed(8, 16, 90, 512);
   auto base = MakeEngine("tiny-v41-c", {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
   int64_t proposed[3] = {};
@@ -148,7 +123,7 @@ TEST(DsparkEngine, SeededSamplingIsReproducibleAloneAndBatched) {
   auto a = MakeEngine("tiny-v41-a", o);
   const Outcome alone = RunAll(*a, {p})[0];
   auto b = MakeEngine("tiny-v41-a", o);
-  std::vector<RequestParams> reqs = Mixed(6, 20, 900);
+  std::vector<RequestParams> reqs = Mixed(6, 20, 900, 512);
   reqs.push_back(p);
   EXPECT_EQ(RunAll(*b, reqs).back().tokens, alone.tokens);
   EXPECT_GT(b->Stats().spec_decode.num_draft_tokens, 0);

@@ -16,10 +16,13 @@ namespace dsinfer::runtime {
 namespace {
 
 using dsinfer::testing::Collect;
+using dsinfer::testing::ExpectSame;
 using dsinfer::testing::Greedy;
 using dsinfer::testing::Ids;
+using dsinfer::testing::Mixed;
 using dsinfer::testing::Outcome;
 using dsinfer::testing::ReferenceDrafts;
+using dsinfer::testing::RunAll;
 using dsinfer::testing::ScriptedDraftRunner;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o,
@@ -36,37 +39,6 @@ std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o,
   auto e = Engine::Create(w, o, std::move(runner));
   DSINFER_CHECK_MSG(e.ok(), e.status().ToString());
   return std::move(e).value();
-}
-
-// Requests submitted together, collected in order.
-std::vector<Outcome> RunAll(Engine& engine, const std::vector<RequestParams>& reqs) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& r : reqs) {
-    auto s = engine.Submit(r);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    streams.push_back(*s);
-  }
-  std::vector<Outcome> out;
-  for (auto& s : streams) out.push_back(Collect(*s)[0]);
-  return out;
-}
-
-std::vector<RequestParams> Mixed(int n, int max_tokens, uint32_t seed) {
-  std::vector<RequestParams> reqs;
-  const int lens[] = {5, 40, 1, 64, 19, 7, 33, 12};
-  for (int i = 0; i < n; ++i)
-    reqs.push_back(Greedy(Ids(lens[i % 8] + i, seed + i), max_tokens - (i % 5)));
-  return reqs;
-}
-
-// Every token and logprob equal (float ==: bit-identical logits give identical logprobs).
-void ExpectSame(const std::vector<Outcome>& want, const std::vector<Outcome>& got,
-                const std::string& what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(want[i].tokens, got[i].tokens) << what << ", request " << i;
-    EXPECT_EQ(want[i].logprobs, got[i].logprobs) << what << ", request " << i;
-  }
 }
 
 // The checkpoint's own MTP block drafting (random weights: mostly rejected), every tiny preset,

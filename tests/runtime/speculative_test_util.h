@@ -4,9 +4,12 @@
 // NoSpeculationRunner is a runner without MTP drafting (the ModelRunner defaults).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "../engine_test_util.h"
@@ -14,6 +17,40 @@
 #include "runtime/engine.h"
 
 namespace dsinfer::testing {
+
+// Requests submitted together, each's first sample collected, in order.
+inline std::vector<Outcome> RunAll(runtime::Engine& engine,
+                                   const std::vector<runtime::RequestParams>& reqs) {
+  std::vector<std::shared_ptr<runtime::RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto s = engine.Submit(r);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) streams.push_back(*s);
+  }
+  std::vector<Outcome> out;
+  for (auto& s : streams) out.push_back(Collect(*s)[0]);
+  return out;
+}
+
+// n greedy requests of assorted prompt lengths (1 to 64 + n tokens) and max_tokens.
+inline std::vector<runtime::RequestParams> Mixed(int n, int max_tokens, uint32_t seed,
+                                                 int vocab = 1024) {
+  std::vector<runtime::RequestParams> reqs;
+  const int lens[] = {5, 40, 1, 64, 19, 7, 33, 12};
+  for (int i = 0; i < n; ++i)
+    reqs.push_back(Greedy(Ids(lens[i % 8] + i, seed + i, vocab), max_tokens - (i % 5)));
+  return reqs;
+}
+
+// Every token and logprob equal (float ==: bit-identical logits give identical logprobs).
+inline void ExpectSame(const std::vector<Outcome>& want, const std::vector<Outcome>& got,
+                       const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].tokens, got[i].tokens) << what << ", request " << i;
+    EXPECT_EQ(want[i].logprobs, got[i].logprobs) << what << ", request " << i;
+  }
+}
 
 // Every call forwarded to `inner` (the part shared by the test runners).
 class ForwardingRunner : public backend::ModelRunner {

@@ -18,7 +18,7 @@ Usage: kv_tier_real_fs.py DSINFER MODEL_DIR CACHE_DIR [--log FILE]. Loopback onl
 import argparse, os, random, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kv_tier_restart import Server, metric  # noqa: E402  (the same server wrapper and /metrics)
+from serve_util import Server, metric  # noqa: E402  (the shared server wrapper and /metrics)
 
 PREFIX = 1024
 

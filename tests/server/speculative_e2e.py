@@ -8,69 +8,9 @@ token ids, a chat cut by a stop string taken from the plain output, and a burst 
 requests (drafts and verify rows batched with other sequences). The speculating server's
 /metrics must show drafts proposed, verified and accepted counts that add up.
 Usage: speculative_e2e.py DSINFER MODEL_DIR [--k K] [--log FILE]. Loopback only; stdlib only."""
-import argparse, atexit, json, socket, subprocess, sys, threading, time, urllib.request
+import argparse, threading
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Server:
-    def __init__(self, dsinfer, model, extra, log):
-        self.url = "http://127.0.0.1:%d" % free_port()
-        self.log = open(log, "ab")
-        self.proc = subprocess.Popen([dsinfer, "serve", "--model", model, "--host", "127.0.0.1",
-                                      "--port", self.url.rsplit(":", 1)[1], "--threads", "1",
-                                      "--served-model-name", "m", "--max-model-len", "2048"] + extra,
-                                     stdout=self.log, stderr=self.log)
-        atexit.register(self.kill)
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                sys.exit("server exited with %d; see %s" % (self.proc.returncode, log))
-            try:
-                urllib.request.urlopen(self.url + "/ready", timeout=2)
-                return
-            except Exception:
-                time.sleep(0.2)
-        sys.exit("server not ready")
-
-    def post(self, path, body):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-
-    def stream(self, path, body):
-        """The SSE events' JSON objects, in order."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        events = []
-        with urllib.request.urlopen(req, timeout=600) as r:
-            for line in r:
-                line = line.decode().strip()
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append(json.loads(line[6:]))
-        return events
-
-    def metrics(self):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
-            return r.read().decode()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def metric(text, name):
-    for line in text.splitlines():
-        if line.split(" ")[0] == name:
-            return float(line.split(" ")[-1])
-    sys.exit("metric %s missing" % name)
+from serve_util import Server, metric
 
 
 def chat_body(i, **extra):
@@ -108,9 +48,10 @@ def main():
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--log", default="speculative-e2e.log")
     a = ap.parse_args()
-    plain = Server(a.dsinfer, a.model, [], a.log)
-    spec = Server(a.dsinfer, a.model, ["--speculative-tokens", str(a.k),
-                                       "--draft-min-confidence", "0"], a.log)
+    common = ["--max-model-len", "2048"]
+    plain = Server(a.dsinfer, a.model, common, a.log, threads=1)
+    spec = Server(a.dsinfer, a.model, common + ["--speculative-tokens", str(a.k),
+                                                "--draft-min-confidence", "0"], a.log, threads=1)
     checks = 0
 
     def same(what, f):

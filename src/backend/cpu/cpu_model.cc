@@ -233,7 +233,8 @@ Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
   const model::ModelConfig& c = config();
   if (tokens.size() != states.size() || logits.size() != states.size() ||
       x.size() != states.size() || (!n_logits.empty() && n_logits.size() != states.size()))
-    return InvalidArgument("DsparkDraftBatch: one token, two outputs (and a logits count) per state");
+    return InvalidArgument(
+        "DsparkDraftBatch: one token, two outputs (and a logits count) per state");
   const int B = c.dspark.block_size;
   std::vector<Segment> segments;
   std::vector<int32_t> ids;  // [T]: per state [token, noise x (B - 1)]
