@@ -505,6 +505,21 @@ void TinyDims(ModelConfig& c) {
   c.dspark.n_routed_experts = 4, c.dspark.n_activated_experts = 2;
 }
 
+// V4.1-Flash's layer dimensions (spec §14.1) for the bench presets: everything but the layer
+// count, the roles and the routed experts. Engram tables use a small hash range (row reads per
+// token do not depend on it).
+void FlashDims(ModelConfig& c) {
+  c.vocab_size = 129280, c.hidden = 5120, c.moe_inter = 2304, c.n_heads = 64, c.head_dim = 512;
+  c.rope_dim = 64, c.q_lora_rank = 1280, c.o_lora_rank = 1024, c.o_groups = 8;
+  c.candidate_topk_blocks = 2048, c.candidate_block_size = 8;
+  c.n_experts_per_tok = 6, c.window = 128;
+  c.index_n_heads = 32, c.index_head_dim = 128, c.index_topk = 512;
+  c.max_position_embeddings = 1048576;
+  c.engram.layer_ids = {0}, c.engram.vocab_size = 16000, c.engram.n_heads = 8;
+  c.engram.head_dim = 256;
+  c.image_token_id = 129264;
+}
+
 }  // namespace
 
 std::vector<std::string> V41PresetNames() {
@@ -570,19 +585,12 @@ Result<ModelConfig> V41PresetConfig(const std::string& name) {
   } else if (name == "bench-v4.1") {
     // Real V4.1-Flash layer dimensions (spec §14.1) in two layers, one per compressed ratio
     // (ratio 2 kv + index source with Engram before it; ratio 1 kv + index + candidate source),
-    // so it fits in 24 GiB: ~17.6 GB, most of it 2 x 384 FP4 experts. Engram tables use a small
-    // hash range (row reads per token do not depend on it).
-    c.vocab_size = 129280, c.hidden = 5120, c.moe_inter = 2304, c.n_heads = 64, c.head_dim = 512;
-    c.rope_dim = 64, c.q_lora_rank = 1280, c.o_lora_rank = 1024, c.o_groups = 8;
+    // so it fits in 24 GiB: ~17.6 GB, most of it 2 x 384 FP4 experts.
+    FlashDims(c);
     c.n_layers = 2, c.compress_ratios = {2, 1};
     c.kv_source_layers = {0, 1}, c.index_source_layers = {0, 1};
-    c.candidate_source_layer = 1, c.candidate_topk_blocks = 2048, c.candidate_block_size = 8;
-    c.n_routed_experts = 384, c.n_experts_per_tok = 6, c.window = 128;
-    c.index_n_heads = 32, c.index_head_dim = 128, c.index_topk = 512;
-    c.max_position_embeddings = 1048576;
-    c.engram.layer_ids = {0}, c.engram.vocab_size = 16000, c.engram.n_heads = 8;
-    c.engram.head_dim = 256;
-    c.image_token_id = 129264;
+    c.candidate_source_layer = 1;
+    c.n_routed_experts = 384;
     c.n_mtp_layers = 0;
   } else if (name == "bench-v4.1-dspark") {
     // For timing dSpark drafting: the three dSpark stages at V4.1-Flash's sizes (spec §14.6:
@@ -590,17 +598,11 @@ Result<ModelConfig> V41PresetConfig(const std::string& name) {
     // main_proj), behind one backbone layer of bench-v4.1's ratio-1 kind with 128 experts
     // (its size does not enter the drafting's cost; it keeps the preset at ~13 GB). The three
     // targets all read that one layer.
-    c.vocab_size = 129280, c.hidden = 5120, c.moe_inter = 2304, c.n_heads = 64, c.head_dim = 512;
-    c.rope_dim = 64, c.q_lora_rank = 1280, c.o_lora_rank = 1024, c.o_groups = 8;
+    FlashDims(c);
     c.n_layers = 1, c.compress_ratios = {1, 0, 0, 0};
     c.kv_source_layers = {0}, c.index_source_layers = {0};
-    c.candidate_source_layer = 0, c.candidate_topk_blocks = 2048, c.candidate_block_size = 8;
-    c.n_routed_experts = 128, c.n_experts_per_tok = 6, c.window = 128;
-    c.index_n_heads = 32, c.index_head_dim = 128, c.index_topk = 512;
-    c.max_position_embeddings = 1048576;
-    c.engram.layer_ids = {0}, c.engram.vocab_size = 16000, c.engram.n_heads = 8;
-    c.engram.head_dim = 256;
-    c.image_token_id = 129264;
+    c.candidate_source_layer = 0;
+    c.n_routed_experts = 128;
     c.n_mtp_layers = 3;
     c.dspark = {5, 128799, {0, 0, 0}, 256, 128, 3};
   } else {

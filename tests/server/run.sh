@@ -21,15 +21,8 @@ pinned_venv "$venv" "$here/requirements.txt" pytest
 preset="${DSINFER_SERVER_PRESET:-demo}"
 suffix=""
 [[ "$preset" == demo ]] || suffix="-$preset"
-model="$build/server-test-model$suffix"
-tokenizer_args=()
-if [[ "$preset" == *v4.1* ]]; then  # Engram's token map is built from V4.1's own tokenizer
-  tokenizer_args=(--tokenizer "$root/tests/fixtures/tokenizer/deepseek-v4/tokenizer.json"
-    --tokenizer-overlay "$root/tests/fixtures/v41/tokenizer_overlay.json")
-fi
-if [[ ! -f "$model/config.json" ]]; then
-  "$dsinfer" create-demo-model "$model" --preset "$preset" --seed 1 "${tokenizer_args[@]}"
-fi
+source "$here/server_test_model.sh"
+model="$(server_test_model "$dsinfer" "$build" "$preset")"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 key="sk-test-$RANDOM$RANDOM"
 log="$build/server-test$suffix.log"

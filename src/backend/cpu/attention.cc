@@ -209,6 +209,13 @@ std::vector<int32_t> CandidateBlocks(std::span<const float> scores, int size, in
   return TopK(block_score, keep);
 }
 
+// The attention sink's per-head logits [heads] as fp32.
+std::vector<float> SinkValues(const model::TensorView& sink, int heads) {
+  std::vector<float> out(static_cast<size_t>(heads));
+  for (int h = 0; h < heads; ++h) out[h] = sink.F32At(h);
+  return out;
+}
+
 }  // namespace
 
 Result<Selection> CpuOps::IndexerSelect(const IndexerQuery& q) {
@@ -306,9 +313,7 @@ Status CpuOps::SparseAttention(int layer, int kv_layer, int ratio, const float* 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool rb = numerics_.round_bf16;
   const bool max_over_rows = plans_[layer].softmax_max_over_rows;
-  const model::TensorView& sink_view = Layer(layer).attn_sink;
-  std::vector<float> sink(static_cast<size_t>(H));  // [H]
-  for (int h = 0; h < H; ++h) sink[h] = sink_view.F32At(h);
+  const std::vector<float> sink = SinkValues(Layer(layer).attn_sink, H);  // [H]
 
   // Per sequence, unpacked once: the ring's window rows before the step (positions
   // [ring_first, start_pos)) and the compressed rows its queries read.
@@ -383,9 +388,7 @@ Status CpuOps::DraftAttention(int layer, const float* q, const float* kv, float*
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool rb = numerics_.round_bf16;
   const bool max_over_rows = plans_[layer].softmax_max_over_rows;
-  const model::TensorView& sink_view = Layer(layer).attn_sink;
-  std::vector<float> sink(static_cast<size_t>(H));  // [H]
-  for (int h = 0; h < H; ++h) sink[h] = sink_view.F32At(h);
+  const std::vector<float> sink = SinkValues(Layer(layer).attn_sink, H);  // [H]
   // Per segment, the rows every one of its queries reads: the ring (positions [start_pos - W,
   // start_pos), unpacked once), then the block's own rows.
   std::vector<AlignedVector<float>> ring(segments_.size());  // [segments][n_ring, hd]

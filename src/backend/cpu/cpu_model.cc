@@ -190,10 +190,21 @@ Status CpuModel::ForwardMtpBatch(std::span<const MtpChunk> chunks) {
   return Status::Ok();
 }
 
+Status CpuModel::CheckBatchStates(std::span<SequenceState* const> states) const {
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i] == nullptr || &states[i]->layout() != &layout_)
+      return InvalidArgument("a state of another model (or none)");
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == states[i]) return InvalidArgument("a sequence appears twice");
+  }
+  return Status::Ok();
+}
+
 Status CpuModel::DsparkSeedBatch(std::span<SequenceState* const> states,
                                  std::span<const std::span<const float>> hidden,
                                  std::vector<float>* main_x) {
   DSINFER_RETURN_IF_ERROR(CheckDspark());
+  DSINFER_RETURN_IF_ERROR(CheckBatchStates(states).WithContext("DsparkSeedBatch"));
   if (states.size() != hidden.size())
     return InvalidArgument("DsparkSeedBatch: one hidden block per state");
   const int64_t K = HiddenWidth();
@@ -202,10 +213,6 @@ Status CpuModel::DsparkSeedBatch(std::span<SequenceState* const> states,
   int64_t row = 0;
   for (size_t i = 0; i < states.size(); ++i) {
     SequenceState* st = states[i];
-    if (st == nullptr || &st->layout() != &layout_)
-      return InvalidArgument("DsparkSeedBatch: a state of another model (or none)");
-    for (size_t j = 0; j < i; ++j)
-      if (states[j] == st) return InvalidArgument("DsparkSeedBatch: a sequence appears twice");
     const auto n = static_cast<int64_t>(hidden[i].size()) / K;
     if (n == 0 || n * K != static_cast<int64_t>(hidden[i].size()))
       return InvalidArgument("DsparkSeedBatch: hidden must be [n, targets * hidden], n >= 1");
@@ -230,6 +237,7 @@ Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
                                   std::span<std::vector<float>* const> x,
                                   std::span<const int> n_logits) {
   DSINFER_RETURN_IF_ERROR(CheckDspark());
+  DSINFER_RETURN_IF_ERROR(CheckBatchStates(states).WithContext("DsparkDraftBatch"));
   const model::ModelConfig& c = config();
   if (tokens.size() != states.size() || logits.size() != states.size() ||
       x.size() != states.size() || (!n_logits.empty() && n_logits.size() != states.size()))
@@ -240,16 +248,12 @@ Status CpuModel::DsparkDraftBatch(std::span<SequenceState* const> states,
   std::vector<int32_t> ids;  // [T]: per state [token, noise x (B - 1)]
   for (size_t i = 0; i < states.size(); ++i) {
     SequenceState* st = states[i];
-    if (st == nullptr || &st->layout() != &layout_)
-      return InvalidArgument("DsparkDraftBatch: a state of another model (or none)");
     if (st->mtp_n_tokens() != st->n_tokens())
       return InvalidArgument("DsparkDraftBatch: the stage rings hold " +
                              std::to_string(st->mtp_n_tokens()) + " of the backbone's " +
                              std::to_string(st->n_tokens()) + " positions");
     if (logits[i] == nullptr || x[i] == nullptr)
       return InvalidArgument("DsparkDraftBatch: missing output");
-    for (size_t j = 0; j < i; ++j)
-      if (states[j] == st) return InvalidArgument("DsparkDraftBatch: a sequence appears twice");
     segments.push_back({static_cast<int64_t>(ids.size()), B, st->n_tokens(), st});
     ids.push_back(tokens[i]);
     for (int j = 1; j < B; ++j) ids.push_back(c.dspark.noise_token_id);

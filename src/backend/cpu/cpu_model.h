@@ -147,6 +147,8 @@ class CpuModel {
  private:
   CpuModel(const model::ModelWeights& weights, Numerics numerics, ThreadPool& pool,
            model::StateLayout layout, std::shared_ptr<PageAllocator> pages);
+  // Every state is this model's and appears once (a batched call's precondition).
+  Status CheckBatchStates(std::span<SequenceState* const> states) const;
   Status RunMtp(SequenceState& state, std::span<const float> hidden,
                 std::span<const int32_t> next_tokens, std::vector<float>* logits,
                 bool last_row_logits, std::vector<float>* last_hidden);
