@@ -11,13 +11,14 @@ namespace dsinfer::backend {
 
 struct ForwardOptions {
   bool all_logits = false;   // logits for every position of the chunk (else the last only)
-  bool want_hidden = false;  // also return the final stream state of every position (MTP input)
+  bool want_hidden = false;  // also return every position's drafting input (V4: its final
+                             // streams, the MTP block's input; V4.1: dSpark's target-layer means)
   bool want_logits = true;   // false: skip the head (prefill chunks that end mid-prompt)
 };
 
 struct ForwardOutput {
   std::vector<float> logits;  // [n_positions, vocab] f32
-  std::vector<float> hidden;  // [n_tokens, hc_mult, hidden] f32 when want_hidden
+  std::vector<float> hidden;  // [n_tokens, V4Forward::HiddenWidth()] f32 when want_hidden
 };
 
 // What the last step had to read and compute, for roofline accounting in benchmarks.
