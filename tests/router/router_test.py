@@ -5,7 +5,9 @@ Scenarios, each checked, with the figures printed:
     long system prompt, in a seeded shuffled order, through each router's cache_aware policy;
     the replicas' /metrics prefix-cache counters give the hit rate after the first request of
     each family (>= 80 % required), beside round_robin on the same workload;
-  * vllm-router kv_aware fed by the replicas' KV events (ZMQ + msgpack): the same stickiness;
+  * vllm-router kv_aware fed by the replicas' KV events (ZMQ + msgpack): anonymous clients (the
+    events are read and credited; the hit rate is printed) and clients naming their session
+    with session affinity on (>= 80 % required, and no render call per bound request);
   * Anthropic Messages and Responses through vllm-router (SDKs, streaming and not); what
     sglang-router does with them is recorded;
   * failover: a replica stopped with SIGTERM mid-run loses nothing (it drains: /health 503,
