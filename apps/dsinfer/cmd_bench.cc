@@ -18,6 +18,7 @@
 #include "backend/op_profile.h"
 #include "commands.h"
 #include "core/membw.h"
+#include "model/draft_vocabulary.h"
 #include "model/weights.h"
 
 namespace dsinfer::cli {
@@ -448,7 +449,7 @@ class ModelBench {
 int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
-      "[--mixed-chunk N] [--verify K] [--decode N] [--repeats N] [--threads N] [--memory BYTES] "
+      "[--mixed-chunk N] [--verify K [--speculative-token-map FILE]] [--decode N] [--repeats N] [--threads N] [--memory BYTES] "
       "[--csv FILE] [--profile] "
       "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
@@ -460,7 +461,8 @@ int RunBench(int argc, char** argv) {
   Args args;
   if (!args.Parse(argc - 1, argv + 1,
                   {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
-                   "numerics", "batch", "mixed-chunk", "memory", "weights", "verify"},
+                   "numerics", "batch", "mixed-chunk", "memory", "weights", "verify",
+                   "speculative-token-map"},
                   {"profile"}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
@@ -514,6 +516,15 @@ int RunBench(int argc, char** argv) {
   if (!cpu.ok()) {
     std::fprintf(stderr, "dsinfer: %s\n", cpu.status().ToString().c_str());
     return 1;
+  }
+  // --speculative-token-map: the drafting --verify times proposes from that draft vocabulary.
+  if (auto map = args.Get("speculative-token-map")) {
+    auto ids = model::ReadDraftVocabulary(*map, c.vocab_size);
+    const Status st = ids.ok() ? (*cpu)->UseDraftVocabulary(std::move(ids).value()) : ids.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "dsinfer: --speculative-token-map: %s\n", st.ToString().c_str());
+      return 1;
+    }
   }
   // State memory: the largest batch's copies of the state at each frontier must fit in
   // --memory (default half the RAM); larger frontiers are skipped, saying why.

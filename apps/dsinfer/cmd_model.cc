@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "io/text_file.h"
 #include "model/demo_model.h"
+#include "model/draft_vocabulary.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -192,13 +193,13 @@ int RunGenerate(int argc, char** argv) {
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
       "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] "
-      "[--speculative-tokens 0..4 [--draft-min-confidence P]]";
+      "[--speculative-tokens 0..4 [--draft-min-confidence P] [--speculative-token-map FILE]]";
   Args args;
   if (!args.Parse(
           argc, argv,
           {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed",
            "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens",
-           "draft-min-confidence"},
+           "draft-min-confidence", "speculative-token-map"},
           {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
@@ -219,6 +220,8 @@ int RunGenerate(int argc, char** argv) {
     return Usage(usage, "invalid sampling parameters");
   if (speculative_tokens < 0 || speculative_tokens > runtime::kMaxSpeculativeTokens)
     return Usage(usage, "--speculative-tokens must be in [0, 4]");
+  if (args.Has("speculative-token-map") && speculative_tokens == 0)
+    return Usage(usage, "--speculative-token-map needs --speculative-tokens");
   auto numerics = ParseNumerics(args.GetOr("numerics", "official"));
   if (!numerics.ok()) return Fail(numerics.status());
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
@@ -307,6 +310,11 @@ int RunGenerate(int argc, char** argv) {
     eo.enable_prefix_cache = false;
     eo.speculative_tokens = static_cast<int>(speculative_tokens);
     eo.draft_min_confidence = draft_min_confidence;
+    if (auto map = args.Get("speculative-token-map")) {
+      auto vocabulary = model::ReadDraftVocabulary(*map, weights->config().vocab_size);
+      if (!vocabulary.ok()) return Fail(vocabulary.status());
+      eo.draft_vocabulary = std::move(vocabulary).value();
+    }
     auto engine = runtime::Engine::Create(*weights, eo, std::move(runner).value());
     if (!engine.ok()) return Fail(engine.status());
     runtime::RequestParams rp;

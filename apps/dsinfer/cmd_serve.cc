@@ -29,6 +29,7 @@
 #include "device_flag.h"
 #include "model/config.h"
 #include "model/demo_model.h"
+#include "model/draft_vocabulary.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "server/engine_port.h"
@@ -50,7 +51,8 @@ constexpr const char* kUsage =
     "              [--max-num-seqs N] [--max-num-batched-tokens N] [--kv-cache-memory "
     "BYTES|NGiB|NMiB|FRACTION]\n"
     "              [--max-queue N] [--max-model-len N] [--threads N] [--max-tokens-limit N]\n"
-    "              [--speculative-tokens 0..4 [--draft-min-confidence P]]\n"
+    "              [--speculative-tokens 0..4 [--draft-min-confidence P]\n"
+    "               [--speculative-token-map FILE]]\n"
     "              [--default-max-tokens N] [--max-connections N] [--max-body-bytes N]\n"
     "              [--shutdown-timeout SECONDS] [--weights auto|map|copy] "
     "[--device cpu|cuda|cuda:N]\n"
@@ -173,6 +175,7 @@ int RunServe(int argc, char** argv) {
                    "kv-cache-ram-gb",
                    "speculative-tokens",
                    "draft-min-confidence",
+                   "speculative-token-map",
                    "role",
                    "kv-transfer-deadline",
                    "bootstrap-timeout",
@@ -203,6 +206,8 @@ int RunServe(int argc, char** argv) {
       speculative_tokens > runtime::kMaxSpeculativeTokens ||
       !(draft_min_confidence >= 0 && draft_min_confidence <= 1))
     return Usage("a numeric flag is out of range");
+  if (args.Has("speculative-token-map") && speculative_tokens == 0)
+    return Usage("--speculative-token-map needs --speculative-tokens");
 
   runtime::EngineOptions engine_options;
   engine_options.n_threads = static_cast<int>(threads);
@@ -427,6 +432,16 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
+  if (auto map = args.Get("speculative-token-map")) {
+    auto ids = model::ReadDraftVocabulary(*map, weights->config().vocab_size);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "dsinfer serve: --speculative-token-map: %s\n",
+                   ids.status().ToString().c_str());
+      return 1;
+    }
+    Log("drafts propose from %s of the vocabulary's ids (%s)", std::to_string(ids->size()), *map);
+    engine_options.draft_vocabulary = std::move(ids).value();
+  }
   auto runner = MakeRunner(*device, *weights, engine_options.numerics, engine_options.n_threads);
   if (!runner.ok()) {
     std::fprintf(stderr, "dsinfer serve: %s\n", runner.status().ToString().c_str());

@@ -16,5 +16,6 @@ int RunRender(int argc, char** argv);
 int RunServe(int argc, char** argv);
 int RunDoctor(int argc, char** argv);
 int RunCompare(int argc, char** argv);  // cmd_compare.cc: `compare logits|endpoints`
+int RunDraftVocabulary(int argc, char** argv);
 
 }  // namespace dsinfer::cli

@@ -25,6 +25,8 @@ constexpr Command kCommands[] = {
     {"render", dsinfer::cli::RunRender, "render an OpenAI chat request to the prompt and ids"},
     {"serve", dsinfer::cli::RunServe, "OpenAI/Anthropic-compatible HTTP server (docs/SERVER.md)"},
     {"doctor", dsinfer::cli::RunDoctor, "CPU/GPU features, conformance, probes, verdicts [--json]"},
+    {"draft-vocabulary", dsinfer::cli::RunDraftVocabulary,
+     "the N most frequent token ids of a corpus (serve --speculative-token-map)"},
     {"compare", dsinfer::cli::RunCompare,
      "compare logits files / a golden, or two endpoints' greedy logprobs"},
 };

@@ -133,6 +133,9 @@ class CpuRunner final : public ModelRunner {
   Status TruncateMtp(RunnerState& state, int64_t n) override {
     return model_->TruncateMtp(Cpu(state), n);
   }
+  Status UseDraftVocabulary(std::vector<int32_t> ids) override {
+    return model_->UseDraftVocabulary(std::move(ids));
+  }
   Result<std::vector<uint8_t>> Export(const RunnerState& state, std::span<const int32_t> tokens,
                                       int64_t first_page) override {
     return model_->Export(Cpu(state), tokens, first_page);

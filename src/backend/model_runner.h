@@ -175,6 +175,15 @@ class ModelRunner {
     return Unimplemented("DsparkMarkov: " + device() + " runner");
   }
 
+  // ---- the draft vocabulary (model/draft_vocabulary.h) ----------------------------------------
+  // From now on the drafters (MTP, dSpark) propose only from `ids` (ascending, distinct, in the
+  // vocabulary: model::ParseDraftVocabulary's output): their vocabulary projections read those
+  // rows only. The target's logits are unchanged, so outputs are too; acceptance may drop.
+  virtual Status UseDraftVocabulary(std::vector<int32_t> ids) {
+    (void)ids;
+    return Unimplemented("a draft vocabulary: the " + device() + " runner does not draft");
+  }
+
   // fn(0) .. fn(n - 1), on the runner's host threads where it has them, idle between steps (the
   // engine's per-sequence sampling); fn must be safe to run concurrently for different indices.
   // Without host threads of its own, one after another on the caller's.

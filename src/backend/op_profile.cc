@@ -63,6 +63,8 @@ const char* WeightName(Weight weight) {
     case Weight::kMainProj: return "dspark.main_proj";
     case Weight::kMarkovHead: return "dspark.markov_head";
     case Weight::kConfidence: return "dspark.confidence_head";
+    case Weight::kDraftHead: return "head (draft vocabulary)";
+    case Weight::kDraftMarkovHead: return "dspark.markov_head (draft vocabulary)";
   }
   return "?";
 }
@@ -107,6 +109,9 @@ Status ProfiledOps::RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_
 }
 Status ProfiledOps::HeadRmsNorm(float* x, int64_t rows, int64_t dim) {
   return Timed("rms_norm", [&] { return inner_.HeadRmsNorm(x, rows, dim); });
+}
+std::span<const int32_t> ProfiledOps::DraftVocabulary() const {
+  return inner_.DraftVocabulary();
 }
 Status ProfiledOps::Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                            float* y) {

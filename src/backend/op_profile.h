@@ -58,6 +58,7 @@ class ProfiledOps final : public V4Ops {
                     float* y) override;
   Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) override;
   Status HeadRmsNorm(float* x, int64_t rows, int64_t dim) override;
+  std::span<const int32_t> DraftVocabulary() const override;
   Status Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                 float* y) override;
   Status OutputProjectionA(int layer, const float* o, float* z) override;

@@ -195,11 +195,11 @@ Status V4Forward::MtpRows(V4Ops& ops, int mtp_index, std::span<const Segment> se
   if (n_logits == 0) return Status::Ok();
   DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, n_logits * HD));  // [k, hc, D]
   DSINFER_RETURN_IF_ERROR(ops.GatherRows(X, logit_rows, HD, rows));
-  return Head(ops, L, rows, n_logits, logits);
+  return Head(ops, L, rows, n_logits, logits, nullptr, 0, /*draft=*/true);
 }
 
 Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits,
-                       const float* pre, int64_t pre_stride) const {
+                       const float* pre, int64_t pre_stride, bool draft) const {
   const model::ModelConfig& c = config_;
   DSINFER_ASSIGN_OR_RETURN(float* y, ops.Get(Buf::kHeadY, rows * c.hidden));  // [rows, D]
   if (pre != nullptr)
@@ -207,10 +207,31 @@ Status V4Forward::Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vecto
   else
     DSINFER_RETURN_IF_ERROR(ops.HcHead(layer, H, rows, y));
   DSINFER_RETURN_IF_ERROR(ops.RmsNorm(layer, Norm::kFinal, y, rows, c.hidden));
-  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, rows * c.vocab_size));  // [rows, V]
-  DSINFER_RETURN_IF_ERROR(ops.Linear(layer, Weight::kHead, LinearMode::kFp32, y, rows, dl));
-  logits->resize(static_cast<size_t>(rows * c.vocab_size));
-  return ops.Download(dl, rows * c.vocab_size, logits->data());
+  return VocabularyProjection(ops, layer, Weight::kHead, y, rows,
+                              draft ? ops.DraftVocabulary() : std::span<const int32_t>(),
+                              -INFINITY, Buf::kLogits, logits);
+}
+
+Status V4Forward::VocabularyProjection(V4Ops& ops, int layer, Weight weight, const float* y,
+                                       int64_t rows, std::span<const int32_t> ids, float fill,
+                                       Buf buf, std::vector<float>* out) const {
+  const int64_t V = config_.vocab_size;
+  if (ids.empty()) {
+    DSINFER_ASSIGN_OR_RETURN(float* d, ops.Get(buf, rows * V));  // [rows, V]
+    DSINFER_RETURN_IF_ERROR(ops.Linear(layer, weight, LinearMode::kFp32, y, rows, d));
+    out->resize(static_cast<size_t>(rows * V));
+    return ops.Download(d, rows * V, out->data());
+  }
+  const auto S = static_cast<int64_t>(ids.size());
+  const Weight rows_of = weight == Weight::kHead ? Weight::kDraftHead : Weight::kDraftMarkovHead;
+  DSINFER_ASSIGN_OR_RETURN(float* d, ops.Get(buf, rows * S));  // [rows, S]
+  DSINFER_RETURN_IF_ERROR(ops.Linear(layer, rows_of, LinearMode::kFp32, y, rows, d));
+  std::vector<float> sub(static_cast<size_t>(rows * S));  // [rows, S]
+  DSINFER_RETURN_IF_ERROR(ops.Download(d, rows * S, sub.data()));
+  out->assign(static_cast<size_t>(rows * V), fill);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < S; ++i) (*out)[r * V + ids[i]] = sub[r * S + i];
+  return Status::Ok();
 }
 
 Status V4Forward::Engram(V4Ops& ops, const LayerPlan& plan, int64_t T, float* H) const {
@@ -526,9 +547,9 @@ Status V4Forward::DsparkDraft(V4Ops& ops, std::span<const Segment> segments,
   DSINFER_ASSIGN_OR_RETURN(float* rows, ops.Get(Buf::kHeadIn, R * D));  // [R, D]
   DSINFER_RETURN_IF_ERROR(ops.GatherRows(y, head_rows, D, rows));
   DSINFER_RETURN_IF_ERROR(ops.RmsNorm(last, Norm::kFinal, rows, R, D));
-  DSINFER_ASSIGN_OR_RETURN(float* dl, ops.Get(Buf::kLogits, R * V));  // [R, V]
-  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kHead, LinearMode::kFp32, rows, R, dl));
-  return ops.Download(dl, R * V, logits->data());
+  // Over the draft vocabulary when one is set (-inf elsewhere: never proposed).
+  return VocabularyProjection(ops, last, Weight::kHead, rows, R, ops.DraftVocabulary(), -INFINITY,
+                              Buf::kLogits, logits);
 }
 
 Status V4Forward::DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev,
@@ -536,7 +557,7 @@ Status V4Forward::DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev,
                                std::vector<float>* confidence) const {
   DSINFER_RETURN_IF_ERROR(CheckDspark());
   const model::ModelConfig& c = config_;
-  const int64_t D = c.hidden, V = c.vocab_size, r = c.dspark.markov_rank;
+  const int64_t D = c.hidden, r = c.dspark.markov_rank;
   const auto R = static_cast<int64_t>(prev.size());
   if (R == 0 || static_cast<int64_t>(x.size()) != R * D)
     return InvalidArgument("DsparkMarkov: x must be [n, hidden] for n previous tokens");
@@ -545,10 +566,10 @@ Status V4Forward::DsparkMarkov(V4Ops& ops, std::span<const int32_t> prev,
   // bias = markov_head (fp32) of the previous token's Markov embedding.
   DSINFER_ASSIGN_OR_RETURN(float* e, ops.Get(Buf::kMarkovEmbed, R * r));  // [R, rank]
   DSINFER_RETURN_IF_ERROR(ops.MarkovEmbed(last, prev, e));
-  DSINFER_ASSIGN_OR_RETURN(float* b, ops.Get(Buf::kMarkovBias, R * V));  // [R, V]
-  DSINFER_RETURN_IF_ERROR(ops.Linear(last, Weight::kMarkovHead, LinearMode::kFp32, e, R, b));
-  bias->resize(static_cast<size_t>(R * V));
-  DSINFER_RETURN_IF_ERROR(ops.Download(b, R * V, bias->data()));
+  // With a draft vocabulary only its entries (0 elsewhere: the logits there are -inf anyway).
+  DSINFER_RETURN_IF_ERROR(VocabularyProjection(ops, last, Weight::kMarkovHead, e, R,
+                                               ops.DraftVocabulary(), 0.0f, Buf::kMarkovBias,
+                                               bias));
   // confidence = proj (fp32) of [x, Markov embedding].
   std::vector<float> embed(static_cast<size_t>(R * r));  // [R, rank]
   DSINFER_RETURN_IF_ERROR(ops.Download(e, R * r, embed.data()));

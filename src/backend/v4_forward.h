@@ -41,6 +41,11 @@ class V4Forward {
   // One batched step of the backbone over every segment.
   Status Step(V4Ops& ops, const StepRequest& request, StepResult* result) const;
 
+  // The drafters' vocabulary projections (Mtp / MtpRows logits, DsparkDraft logits, DsparkMarkov
+  // bias) are computed over the ops' draft vocabulary when one is set (V4Ops::DraftVocabulary):
+  // -inf logits (0 bias) outside it, so no draft is ever proposed there. The backbone's logits
+  // (Step) are always the whole vocabulary's.
+
   // MTP block `mtp_index` (spec §8) for one sequence: segment.start_pos is the MTP stream's
   // position, hidden [n, hc, hidden] the main model's final streams at those positions, next [n]
   // the tokens one position later. logits [n, vocab] predict the tokens two positions later;
@@ -130,9 +135,16 @@ class V4Forward {
   Status Engram(V4Ops& ops, const model::LayerPlan& plan, int64_t T, float* H) const;
   // logits [rows, vocab] (host) of the streams H [rows, hc, hidden]: hc_head of `layer` (-1:
   // the main head) or, V4.1, the collapse with the carried pre [rows, pre_stride]; the norm; the
-  // vocabulary projection.
+  // vocabulary projection (a drafter's, `draft`: over the ops' draft vocabulary if any).
   Status Head(V4Ops& ops, int layer, float* H, int64_t rows, std::vector<float>* logits,
-              const float* pre = nullptr, int64_t pre_stride = 0) const;
+              const float* pre = nullptr, int64_t pre_stride = 0, bool draft = false) const;
+  // out [rows, vocab] (host) = y [rows, in] (device) through `weight` (kHead or kMarkovHead:
+  // vocabulary projections) in fp32 (into `buf`). With draft vocabulary ids (ascending; the ops'
+  // DraftVocabulary()) only those S rows are computed (kDraftHead / kDraftMarkovHead, [rows, S])
+  // and scattered to their token ids, `fill` everywhere else; empty ids: the whole vocabulary.
+  Status VocabularyProjection(V4Ops& ops, int layer, Weight weight, const float* y, int64_t rows,
+                              std::span<const int32_t> ids, float fill, Buf buf,
+                              std::vector<float>* out) const;
 
   model::ModelConfig config_;
   Numerics numerics_;

@@ -91,6 +91,10 @@ enum class Weight : uint8_t {
   kMainProj,    // V4.1 dSpark stage 0: the target layers' hidden states to one row
   kMarkovHead,  // V4.1 dSpark last stage: [vocab, markov_rank], the Markov bias's projection
   kConfidence,  // V4.1 dSpark last stage: [1, hidden + markov_rank]
+  // The rows of kHead / kMarkovHead at DraftVocabulary()'s ids [S, ...] (speculative drafting
+  // with a draft vocabulary, model/draft_vocabulary.h).
+  kDraftHead,
+  kDraftMarkovHead,
 };
 
 // Norm weights (layer -1: the main head's final norm).
@@ -183,6 +187,10 @@ class V4Ops {
   virtual Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) = 0;
   // Unweighted RMS norm of each row (the per-head q norm of spec §5.1).
   virtual Status HeadRmsNorm(float* x, int64_t rows, int64_t dim) = 0;
+  // The draft vocabulary (ascending token ids) whose rows kDraftHead / kDraftMarkovHead hold;
+  // empty: drafts are computed over the whole vocabulary. Every backend says (pure virtual), so
+  // a wrapper cannot silently hide it.
+  virtual std::span<const int32_t> DraftVocabulary() const = 0;
   // y [rows, out] = x [rows, in] W^T for `layer`'s weight.
   virtual Status Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                         float* y) = 0;

@@ -363,6 +363,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
     return InvalidArgument("engine options: draft_min_confidence must be in [0, 1]");
   if (options.speculative_tokens > 0)
     DSINFER_RETURN_IF_ERROR(runner->CheckSpeculation(options.speculative_tokens));
+  if (!options.draft_vocabulary.empty()) {
+    if (options.speculative_tokens == 0)
+      return InvalidArgument("engine options: a draft vocabulary needs speculative_tokens > 0");
+    DSINFER_RETURN_IF_ERROR(runner->UseDraftVocabulary(options.draft_vocabulary));
+  }
   if (options.kv_cache_bytes <= 0) options.kv_cache_bytes = runner->DefaultStateBudget();
   auto impl = std::make_unique<Impl>(weights, options);
   // V4.1 drafts with its dSpark stages; V4 with its MTP block.

@@ -149,6 +149,10 @@ struct EngineOptions {
   // the confidence head's probability sigmoid(confidence_j) is at least this (0: always up to
   // speculative_tokens). Rows it would likely lose cost verify rows for nothing.
   double draft_min_confidence = 0.5;
+  // The token ids drafts are proposed from (model/draft_vocabulary.h; ascending, distinct: as
+  // model::ReadDraftVocabulary returns them). Empty: the whole vocabulary. A smaller head read
+  // per draft; outputs unchanged, acceptance lower for tokens outside. Needs speculative_tokens.
+  std::vector<int32_t> draft_vocabulary;
   // Told what the prefix cache stores and drops (e.g. the KV-event publisher); may be null.
   std::shared_ptr<PrefixCacheObserver> prefix_cache_observer;
   // The persistent tiers behind the prefix cache (runtime/kv_store.h): a host-RAM tier and a

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Speculative decoding through `dsinfer serve`, against the same server without it.
 
-Two servers on one checkpoint: plain, and --speculative-tokens K --draft-min-confidence 0 (every
-draft proposed: V4's MTP block, V4.1's dSpark stages). Greedy requests through the OpenAI routes
-must come back identical, text and logprobs: non-streamed and streamed chat, a completion of
-token ids, a chat cut by a stop string taken from the plain output, and a burst of concurrent
-requests (drafts and verify rows batched with other sequences). The speculating server's
-/metrics must show drafts proposed, verified and accepted counts that add up.
+Three servers on one checkpoint: plain; --speculative-tokens K --draft-min-confidence 0 (every
+draft proposed: V4's MTP block, V4.1's dSpark stages); and the same drafting from a draft
+vocabulary (--speculative-token-map, every third id). Greedy requests through the OpenAI routes
+must come back identical from all three, text and logprobs: non-streamed and streamed chat, a
+completion of token ids, a chat cut by a stop string taken from the plain output, and a burst of
+concurrent requests (drafts and verify rows batched with other sequences). The speculating
+servers' /metrics must show drafts proposed, verified and accepted counts that add up. A map
+with an id outside the vocabulary stops startup with the entry named.
 Usage: speculative_e2e.py DSINFER MODEL_DIR [--k K] [--log FILE]. Loopback only; stdlib only."""
-import argparse, threading
+import argparse, json, os, subprocess, tempfile, threading
 
 from serve_util import Server, metric
 
@@ -49,15 +51,34 @@ def main():
     ap.add_argument("--log", default="speculative-e2e.log")
     a = ap.parse_args()
     common = ["--max-model-len", "2048"]
+    speculate = ["--speculative-tokens", str(a.k), "--draft-min-confidence", "0"]
+    with open(os.path.join(a.model, "config.json")) as f:
+        config = json.load(f)
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]  # V4.1: text_config
+    maps = tempfile.mkdtemp(prefix="dsinfer-token-map-")
+    every_third, bad = os.path.join(maps, "every-third.json"), os.path.join(maps, "bad.json")
+    with open(every_third, "w") as f:
+        json.dump(list(range(1, vocab, 3)), f)
+    with open(bad, "w") as f:
+        json.dump([1, 2, vocab], f)
+    # A bad map: startup stops with the reason, before any port is served.
+    r = subprocess.run([a.dsinfer, "serve", "--model", a.model, "--port", "0", "--threads", "1"]
+                       + speculate + ["--speculative-token-map", bad],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "entry 2 (%d)" % vocab in r.stderr, \
+        "a map with id %d was not refused with its entry named: %d %r" % (vocab, r.returncode, r.stderr[-500:])
     plain = Server(a.dsinfer, a.model, common, a.log, threads=1)
-    spec = Server(a.dsinfer, a.model, common + ["--speculative-tokens", str(a.k),
-                                                "--draft-min-confidence", "0"], a.log, threads=1)
+    spec = Server(a.dsinfer, a.model, common + speculate, a.log, threads=1)
+    mapped = Server(a.dsinfer, a.model, common + speculate + ["--speculative-token-map", every_third],
+                    a.log, threads=1)
     checks = 0
 
     def same(what, f):
         nonlocal checks
-        want, got = f(plain), f(spec)
-        assert want == got, "%s differs with speculation:\n plain %r\n spec  %r" % (what, want, got)
+        want = f(plain)
+        for name, server in (("speculation", spec), ("speculation from a token map", mapped)):
+            got = f(server)
+            assert want == got, "%s differs with %s:\n plain %r\n spec  %r" % (what, name, want, got)
         checks += 1
         return want
 
@@ -90,14 +111,17 @@ def main():
             t.join()
         return out
     same("6 concurrent chats", burst)
-    m = spec.metrics()
-    drafts = metric(m, "dsinfer:spec_decode_num_drafts_total")
-    proposed = metric(m, "dsinfer:spec_decode_num_draft_tokens_total")
-    accepted = metric(m, "dsinfer:spec_decode_num_accepted_tokens_total")
-    assert drafts > 0 and proposed >= drafts, "no drafts verified: %s %s" % (drafts, proposed)
-    assert 0 <= accepted <= proposed, "accepted %s of %s" % (accepted, proposed)
-    print("speculative e2e ok: %d checks equal with and without speculation (k=%d); %d drafts, "
-          "%d draft tokens, %d accepted" % (checks, a.k, drafts, proposed, accepted))
+    counts = []
+    for server in (spec, mapped):
+        m = server.metrics()
+        drafts = metric(m, "dsinfer:spec_decode_num_drafts_total")
+        proposed = metric(m, "dsinfer:spec_decode_num_draft_tokens_total")
+        accepted = metric(m, "dsinfer:spec_decode_num_accepted_tokens_total")
+        assert drafts > 0 and proposed >= drafts, "no drafts verified: %s %s" % (drafts, proposed)
+        assert 0 <= accepted <= proposed, "accepted %s of %s" % (accepted, proposed)
+        counts.append("%d drafts, %d draft tokens, %d accepted" % (drafts, proposed, accepted))
+    print("speculative e2e ok: %d checks equal with and without speculation (k=%d); %s; from the "
+          "token map: %s" % (checks, a.k, counts[0], counts[1]))
 
 
 if __name__ == "__main__":

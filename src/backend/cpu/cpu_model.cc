@@ -200,6 +200,14 @@ Status CpuModel::CheckBatchStates(std::span<SequenceState* const> states) const 
   return Status::Ok();
 }
 
+Status CpuModel::UseDraftVocabulary(std::vector<int32_t> ids) {
+  DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<model::DraftVocabulary> vocabulary,
+                           model::DraftVocabulary::Build(weights_, std::move(ids)));
+  ops_.set_draft_vocabulary(vocabulary.get());
+  draft_vocabulary_ = std::move(vocabulary);  // the old one, if any, after ops_ stopped reading it
+  return Status::Ok();
+}
+
 Status CpuModel::DsparkSeedBatch(std::span<SequenceState* const> states,
                                  std::span<const std::span<const float>> hidden,
                                  std::vector<float>* main_x) {

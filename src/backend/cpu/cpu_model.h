@@ -133,6 +133,8 @@ class CpuModel {
     return program_.DsparkMarkov(ops(), prev, x, bias, confidence);
   }
 
+  // The drafters' heads from now on over `ids` only (ModelRunner::UseDraftVocabulary).
+  Status UseDraftVocabulary(std::vector<int32_t> ids);
   // State operations (sequence_state.h).
   Status Truncate(SequenceState& state, int64_t n_tokens) const { return state.Truncate(n_tokens); }
   Status TruncateMtp(SequenceState& state, int64_t n_tokens) const {
@@ -161,6 +163,7 @@ class CpuModel {
 
   CpuOps ops_;
   std::unique_ptr<ProfiledOps> profiled_;  // set_op_profile's wrapper of ops_; null: none
+  std::unique_ptr<model::DraftVocabulary> draft_vocabulary_;  // ops_ reads it; null: none
   model::StateLayout layout_;
   std::shared_ptr<PageAllocator> pages_;
   mutable std::optional<Sha256Digest> fingerprint_;

@@ -52,6 +52,8 @@ const model::WeightMatrix& WeightOf(const model::ModelWeights& w, int layer, Wei
     case Weight::kConfidence:
       return lw.dspark.confidence_proj;
     case Weight::kHead:
+    case Weight::kDraftHead:  // CpuOps::Linear answers these two
+    case Weight::kDraftMarkovHead:
       break;
   }
   return w.head;
@@ -222,7 +224,13 @@ Status CpuOps::HeadRmsNorm(float* x, int64_t rows, int64_t dim) {
 
 Status CpuOps::Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                       float* y) {
-  const model::WeightMatrix& w = WeightOf(weights_, layer, weight);
+  const bool draft = weight == Weight::kDraftHead || weight == Weight::kDraftMarkovHead;
+  if (draft && draft_vocabulary_ == nullptr)
+    return FailedPrecondition("Linear: no draft vocabulary is set");
+  const model::WeightMatrix& w =
+      !draft                        ? WeightOf(weights_, layer, weight)
+      : weight == Weight::kDraftHead ? draft_vocabulary_->head()
+                                     : draft_vocabulary_->markov_head();
   if (!w.valid()) return Internal("layer " + std::to_string(layer) + " has no such weight");
   stats_.macs += rows * w.Elements();
   if (mode == LinearMode::kFp32) {

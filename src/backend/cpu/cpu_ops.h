@@ -20,6 +20,7 @@
 #include "backend/v4_ops.h"
 #include "core/aligned.h"
 #include "core/thread_pool.h"
+#include "model/draft_vocabulary.h"
 #include "model/engram.h"
 #include "model/layer_plan.h"
 #include "model/weights.h"
@@ -59,6 +60,11 @@ class CpuOps final : public V4Ops {
          const std::vector<model::LayerPlan>& plans, ThreadPool& pool);
 
   const StepStats& stats() const { return stats_; }
+  // Drafts from now on use `vocabulary`'s rows (null: the whole vocabulary); it must outlive
+  // its use here.
+  void set_draft_vocabulary(const model::DraftVocabulary* vocabulary) {
+    draft_vocabulary_ = vocabulary;
+  }
 
   Status BeginStep(std::span<const Segment> segments, std::span<const int32_t> tokens) override;
   Result<float*> Get(Buf buf, int64_t n_floats) override;
@@ -73,6 +79,9 @@ class CpuOps final : public V4Ops {
   Status HcHead(int layer, const float* H, int64_t rows, float* y) override;
   Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) override;
   Status HeadRmsNorm(float* x, int64_t rows, int64_t dim) override;
+  std::span<const int32_t> DraftVocabulary() const override {
+    return draft_vocabulary_ != nullptr ? draft_vocabulary_->ids() : std::span<const int32_t>();
+  }
   Status Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                 float* y) override;
   Status OutputProjectionA(int layer, const float* o, float* z) override;
@@ -119,6 +128,7 @@ class CpuOps final : public V4Ops {
   const model::ModelConfig& config() const { return weights_.config(); }
 
   const model::ModelWeights& weights_;
+  const model::DraftVocabulary* draft_vocabulary_ = nullptr;  // CpuModel's; null: none
   Numerics numerics_;
   const std::vector<model::LayerPlan>& plans_;
   ThreadPool& pool_;

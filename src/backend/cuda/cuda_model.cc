@@ -694,6 +694,9 @@ Status CudaModel::Linear(int layer, Weight weight, LinearMode mode, const float*
       case Weight::kMarkovHead:
       case Weight::kConfidence:
         return V41OnGpu("this linear");
+      case Weight::kDraftHead:  // DraftVocabulary() is empty: the GPU runner does not draft
+      case Weight::kDraftMarkovHead:
+        return Unimplemented("Linear: the GPU runner has no draft vocabulary");
       case Weight::kHead:
         break;
     }

@@ -175,6 +175,8 @@ class CudaModel final : private V4Ops {
   Status HcHead(int layer, const float* H, int64_t rows, float* y) override;
   Status RmsNorm(int layer, Norm norm, float* x, int64_t rows, int64_t dim) override;
   Status HeadRmsNorm(float* x, int64_t rows, int64_t dim) override;
+  // The GPU runner does not draft (ModelRunner::CheckSpeculation refuses): no draft vocabulary.
+  std::span<const int32_t> DraftVocabulary() const override { return {}; }
   Status Linear(int layer, Weight weight, LinearMode mode, const float* x, int64_t rows,
                 float* y) override;
   Status OutputProjectionA(int layer, const float* o, float* z) override;
