@@ -17,17 +17,11 @@ namespace dsinfer::runtime {
 namespace {
 
 using dsinfer::testing::ExpectSame;
+using dsinfer::testing::MakeTestEngine;
 using dsinfer::testing::Mixed;
 using dsinfer::testing::Outcome;
 using dsinfer::testing::RunAll;
 
-std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o) {
-  o.n_threads = 2;
-  if (o.kv_cache_bytes == 0) o.kv_cache_bytes = int64_t{256} << 20;
-  auto e = Engine::Create(dsinfer::testing::PresetWeights(preset), o);
-  DSINFER_CHECK_MSG(e.ok(), e.status().ToString());
-  return std::move(e).value();
-}
 
 std::vector<int32_t> EveryThirdId(int64_t vocab) {
   std::vector<int32_t> ids;
@@ -38,12 +32,12 @@ std::vector<int32_t> EveryThirdId(int64_t vocab) {
 TEST(DraftVocabularyEngine, GreedyWithMtpDraftsIsBitIdentical) {
   for (const std::string preset : {"tiny-a", "tiny-b"}) {
     const std::vector<RequestParams> reqs = Mixed(8, 12, 10);
-    auto base = MakeEngine(preset, {});
+    auto base = MakeTestEngine(preset, {});
     const std::vector<Outcome> want = RunAll(*base, reqs);
     const int64_t V = dsinfer::testing::PresetWeights(preset).config().vocab_size;
     for (int k : {1, 3}) {
       auto spec =
-          MakeEngine(preset, {.speculative_tokens = k, .draft_vocabulary = EveryThirdId(V)});
+          MakeTestEngine(preset, {.speculative_tokens = k, .draft_vocabulary = EveryThirdId(V)});
       const std::string what = preset + ", k=" + std::to_string(k);
       ExpectSame({want[1]}, RunAll(*spec, {reqs[1]}), what + " alone");
       ExpectSame(want, RunAll(*spec, reqs), what + " batch of 8");
@@ -59,18 +53,18 @@ TEST(DraftVocabularyEngine, DsparkDraftsComeFromTheVocabularyAndChangeNoOutput) 
   const std::string preset = "tiny-v41-a";
   const int64_t V = dsinfer::testing::PresetWeights(preset).config().vocab_size;
   const std::vector<RequestParams> reqs = Mixed(8, 16, 40, 512);
-  auto base = MakeEngine(preset, {});
+  auto base = MakeTestEngine(preset, {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
   const EngineOptions spec{.speculative_tokens = 3, .draft_min_confidence = 0};
 
-  auto none = MakeEngine(preset, spec);
+  auto none = MakeTestEngine(preset, spec);
   ExpectSame(want, RunAll(*none, reqs), "no draft vocabulary");
   const SpecDecodeStats plain = none->Stats().spec_decode;
   ASSERT_GT(plain.num_accepted_tokens, 0) << "the test needs accepted drafts to take away";
 
   EngineOptions all_ids = spec;
   for (int32_t i = 0; i < V; ++i) all_ids.draft_vocabulary.push_back(i);
-  auto whole = MakeEngine(preset, all_ids);
+  auto whole = MakeTestEngine(preset, all_ids);
   ExpectSame(want, RunAll(*whole, reqs), "the whole vocabulary");
   const SpecDecodeStats w = whole->Stats().spec_decode;
   EXPECT_EQ(w.num_draft_tokens, plain.num_draft_tokens);
@@ -81,13 +75,13 @@ TEST(DraftVocabularyEngine, DsparkDraftsComeFromTheVocabularyAndChangeNoOutput) 
   EngineOptions without = spec;
   for (int32_t i = 0; i < V; ++i)
     if (!emitted.contains(i)) without.draft_vocabulary.push_back(i);
-  auto excluded = MakeEngine(preset, without);
+  auto excluded = MakeTestEngine(preset, without);
   ExpectSame(want, RunAll(*excluded, reqs), "a vocabulary without the emitted tokens");
   const SpecDecodeStats x = excluded->Stats().spec_decode;
   EXPECT_GT(x.num_draft_tokens, 0);
   EXPECT_EQ(x.num_accepted_tokens, 0);
 
-  auto third = MakeEngine(preset, [&] {
+  auto third = MakeTestEngine(preset, [&] {
     EngineOptions o = spec;
     o.draft_vocabulary = EveryThirdId(V);
     return o;

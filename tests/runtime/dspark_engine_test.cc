@@ -18,26 +18,20 @@ using dsinfer::testing::Collect;
 using dsinfer::testing::ExpectSame;
 using dsinfer::testing::Greedy;
 using dsinfer::testing::Ids;
+using dsinfer::testing::MakeTestEngine;
 using dsinfer::testing::Mixed;
 using dsinfer::testing::Outcome;
 using dsinfer::testing::RunAll;
 
-std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o) {
-  o.n_threads = 2;
-  if (o.kv_cache_bytes == 0) o.kv_cache_bytes = int64_t{256} << 20;
-  auto e = Engine::Create(dsinfer::testing::PresetWeights(preset), o);
-  DSINFER_CHECK_MSG(e.ok(), e.status().ToString());
-  return std::move(e).value();
-}
 
 // Every draft proposed (threshold 0): the verify rows, rollbacks and ring catch-up all run.
 TEST(DsparkEngine, GreedyIsBitIdenticalOnEveryTinyV41PresetAloneAndBatched) {
   for (const std::string preset : {"tiny-v41-a", "tiny-v41-b", "tiny-v41-c"}) {
     const std::vector<RequestParams> reqs = Mixed(8, 14, 40, 512);
-    auto base = MakeEngine(preset, {});
+    auto base = MakeTestEngine(preset, {});
     const std::vector<Outcome> want = RunAll(*base, reqs);
     for (int k = 1; k <= 3; ++k) {  // the tiny presets' block is 3
-      auto spec = MakeEngine(preset, {.speculative_tokens = k, .draft_min_confidence = 0});
+      auto spec = MakeTestEngine(preset, {.speculative_tokens = k, .draft_min_confidence = 0});
       const std::string what = preset + ", k=" + std::to_string(k);
       ExpectSame({want[1]}, RunAll(*spec, {reqs[1]}), what + " alone");
       ExpectSame(want, RunAll(*spec, reqs), what + " batch of 8");
@@ -52,9 +46,9 @@ TEST(DsparkEngine, GreedyIsBitIdenticalOnEveryTinyV41PresetAloneAndBatched) {
 
 TEST(DsparkEngine, GreedyIsBitIdenticalInABatchOf32) {
   const std::vector<RequestParams> reqs = Mixed(32, 12, 700, 512);
-  auto base = MakeEngine("tiny-v41-a", {});
+  auto base = MakeTestEngine("tiny-v41-a", {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
-  auto spec = MakeEngine("tiny-v41-a", {.speculative_tokens = 3, .draft_min_confidence = 0});
+  auto spec = MakeTestEngine("tiny-v41-a", {.speculative_tokens = 3, .draft_min_confidence = 0});
   ExpectSame(want, RunAll(*spec, reqs), "batch of 32");
 }
 
@@ -62,9 +56,9 @@ TEST(DsparkEngine, GreedyIsBitIdenticalInABatchOf32) {
 TEST(DsparkEngine, DemoV41PresetGreedyIsBitIdentical) {
   const std::vector<RequestParams> reqs = {Greedy(Ids(70, 5, 129280), 10),
                                            Greedy(Ids(9, 6, 129280), 8)};
-  auto base = MakeEngine("demo-v4.1", {});
+  auto base = MakeTestEngine("demo-v4.1", {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
-  auto spec = MakeEngine("demo-v4.1", {.speculative_tokens = 4, .draft_min_confidence = 0});
+  auto spec = MakeTestEngine("demo-v4.1", {.speculative_tokens = 4, .draft_min_confidence = 0});
   ExpectSame(want, RunAll(*spec, reqs), "demo-v4.1, k=4");
   EXPECT_GT(spec->Stats().spec_decode.num_draft_tokens, 0);
 }
@@ -74,7 +68,7 @@ TEST(DsparkEngine, GreedyIsBitIdenticalAfterPreemptionAndAfterAPrefixHit) {
   const RequestParams target = Greedy(Ids(250, 1, 512), 24);
   std::vector<RequestParams> reqs = {target};
   for (int i = 0; i < 3; ++i) reqs.push_back(Greedy(Ids(250, 200 + i, 512), 24));
-  auto base = MakeEngine("tiny-v41-a", {.enable_prefix_cache = false});
+  auto base = MakeTestEngine("tiny-v41-a", {.enable_prefix_cache = false});
   const std::vector<Outcome> want = RunAll(*base, reqs);
   const auto& w = dsinfer::testing::PresetWeights("tiny-v41-a");
   ThreadPool pool1(1);
@@ -82,13 +76,13 @@ TEST(DsparkEngine, GreedyIsBitIdenticalAfterPreemptionAndAfterAPrefixHit) {
   ASSERT_TRUE(cpu.ok());
   // A budget that admits 3 of the 4 and not their growth: they preempt each other.
   const int64_t budget = 3 * (*cpu)->StateBytesAt(250) + (*cpu)->layout().page_bytes / 2;
-  auto preempted = MakeEngine("tiny-v41-a", {.kv_cache_bytes = budget,
+  auto preempted = MakeTestEngine("tiny-v41-a", {.kv_cache_bytes = budget,
                                              .enable_prefix_cache = false,
                                              .speculative_tokens = 2,
                                              .draft_min_confidence = 0});
   ExpectSame(want, RunAll(*preempted, reqs), "preempted");
   EXPECT_GT(preempted->Stats().preemptions_total, 0);
-  auto spec = MakeEngine("tiny-v41-a", {.speculative_tokens = 3, .draft_min_confidence = 0});
+  auto spec = MakeTestEngine("tiny-v41-a", {.speculative_tokens = 3, .draft_min_confidence = 0});
   const Outcome first = RunAll(*spec, {target})[0];
   const Outcome second = RunAll(*spec, {target})[0];
   ExpectSame({want[0], want[0]}, {first, second}, "prefix hit");
@@ -99,12 +93,12 @@ TEST(DsparkEngine, GreedyIsBitIdenticalAfterPreemptionAndAfterAPrefixHit) {
 // probability reaches 1, all k when the threshold is 0, and in between by default.
 TEST(DsparkEngine, TheConfidenceThresholdChoosesHowManyDraftsAreVerified) {
   const std::vector<RequestParams> reqs = Mixed(8, 16, 90, 512);
-  auto base = MakeEngine("tiny-v41-c", {});
+  auto base = MakeTestEngine("tiny-v41-c", {});
   const std::vector<Outcome> want = RunAll(*base, reqs);
   int64_t proposed[3] = {};
   const double thresholds[3] = {0.0, 0.5, 1.0};
   for (int i = 0; i < 3; ++i) {
-    auto spec = MakeEngine("tiny-v41-c",
+    auto spec = MakeTestEngine("tiny-v41-c",
                            {.speculative_tokens = 3, .draft_min_confidence = thresholds[i]});
     ExpectSame(want, RunAll(*spec, reqs), "threshold " + std::to_string(thresholds[i]));
     proposed[i] = spec->Stats().spec_decode.num_draft_tokens;
@@ -120,9 +114,9 @@ TEST(DsparkEngine, SeededSamplingIsReproducibleAloneAndBatched) {
   p.sampling.top_p = 0.95;
   p.sampling.seed = 1234;
   const EngineOptions o{.speculative_tokens = 2, .draft_min_confidence = 0};
-  auto a = MakeEngine("tiny-v41-a", o);
+  auto a = MakeTestEngine("tiny-v41-a", o);
   const Outcome alone = RunAll(*a, {p})[0];
-  auto b = MakeEngine("tiny-v41-a", o);
+  auto b = MakeTestEngine("tiny-v41-a", o);
   std::vector<RequestParams> reqs = Mixed(6, 20, 900, 512);
   reqs.push_back(p);
   EXPECT_EQ(RunAll(*b, reqs).back().tokens, alone.tokens);

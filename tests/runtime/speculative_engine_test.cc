@@ -25,20 +25,17 @@ using dsinfer::testing::ReferenceDrafts;
 using dsinfer::testing::RunAll;
 using dsinfer::testing::ScriptedDraftRunner;
 
+// With `drafts`, the CPU runner behind a ScriptedDraftRunner.
 std::unique_ptr<Engine> MakeEngine(const std::string& preset, EngineOptions o,
                                    ScriptedDraftRunner::DraftFn drafts = {}) {
-  const auto& w = dsinfer::testing::PresetWeights(preset);
-  o.n_threads = 2;
-  if (o.kv_cache_bytes == 0) o.kv_cache_bytes = int64_t{256} << 20;
   std::unique_ptr<backend::ModelRunner> runner;
   if (drafts) {
-    auto cpu = backend::MakeCpuRunner(w, o.numerics, {.n_threads = 2});
+    auto cpu = backend::MakeCpuRunner(dsinfer::testing::PresetWeights(preset), o.numerics,
+                                      {.n_threads = 2});
     DSINFER_CHECK(cpu.ok());
     runner = std::make_unique<ScriptedDraftRunner>(std::move(cpu).value(), std::move(drafts));
   }
-  auto e = Engine::Create(w, o, std::move(runner));
-  DSINFER_CHECK_MSG(e.ok(), e.status().ToString());
-  return std::move(e).value();
+  return dsinfer::testing::MakeTestEngine(preset, std::move(o), std::move(runner));
 }
 
 // The checkpoint's own MTP block drafting (random weights: mostly rejected), every tiny preset,

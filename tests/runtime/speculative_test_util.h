@@ -12,11 +12,24 @@
 #include <string>
 #include <vector>
 
+#include "../backend/test_models.h"
 #include "../engine_test_util.h"
 #include "backend/model_runner.h"
 #include "runtime/engine.h"
 
 namespace dsinfer::testing {
+
+// An engine on a tiny preset's weights: two threads and, unless `o` says otherwise, a 256 MiB KV
+// budget; `runner` null: the CPU runner.
+inline std::unique_ptr<runtime::Engine> MakeTestEngine(
+    const std::string& preset, runtime::EngineOptions o,
+    std::unique_ptr<backend::ModelRunner> runner = nullptr) {
+  o.n_threads = 2;
+  if (o.kv_cache_bytes == 0) o.kv_cache_bytes = int64_t{256} << 20;
+  auto e = runtime::Engine::Create(PresetWeights(preset), o, std::move(runner));
+  DSINFER_CHECK_MSG(e.ok(), e.status().ToString());
+  return std::move(e).value();
+}
 
 // Requests submitted together, each's first sample collected, in order.
 inline std::vector<Outcome> RunAll(runtime::Engine& engine,
