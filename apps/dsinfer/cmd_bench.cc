@@ -449,7 +449,8 @@ class ModelBench {
 int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
-      "[--mixed-chunk N] [--verify K [--speculative-token-map FILE]] [--decode N] [--repeats N] [--threads N] [--memory BYTES] "
+      "[--mixed-chunk N] [--verify K [--speculative-token-map FILE]] [--decode N] [--repeats N] "
+      "[--threads N] [--memory BYTES] "
       "[--csv FILE] [--profile] "
       "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).

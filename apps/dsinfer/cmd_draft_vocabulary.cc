@@ -73,7 +73,8 @@ int RunDraftVocabulary(int argc, char** argv) {
                  usage);
     return 2;
   }
-  const std::string tokenizer_path = FindTokenizer(args.GetOr("model", "."), args.GetOr("tokenizer", ""));
+  const std::string tokenizer_path =
+      FindTokenizer(args.GetOr("model", "."), args.GetOr("tokenizer", ""));
   auto tok = text::Tokenizer::FromFile(tokenizer_path);
   if (!tok.ok()) {
     std::fprintf(stderr, "dsinfer draft-vocabulary: tokenizer %s: %s\n", tokenizer_path.c_str(),
