@@ -253,6 +253,7 @@ int RunServe(int argc, char** argv) {
   const std::string model_dir = args.GetOr("model", "demo-model");
   std::error_code ec;
   bool checkpoint_v41 = false;
+  int64_t vocab_size = 0;  // the checkpoint's; 0: none yet (the demo model is written below)
   if (fs::exists(fs::path(model_dir) / "config.json", ec)) {
     auto config = model::ModelConfig::FromFile((fs::path(model_dir) / "config.json").string());
     if (!config.ok()) {
@@ -261,12 +262,30 @@ int RunServe(int argc, char** argv) {
       return 1;
     }
     checkpoint_v41 = config->V41();
+    vocab_size = config->vocab_size;
   }
   const std::string version = args.GetOr("model-version", checkpoint_v41 ? "v4.1" : "v4");
   if (version != "v4" && version != "v4.1") return Usage("--model-version must be v4 or v4.1");
   if ((version == "v4.1") != checkpoint_v41 && fs::exists(fs::path(model_dir) / "config.json", ec))
     return Usage("--model-version " + version + " does not match the checkpoint, a DeepSeek-" +
                  (checkpoint_v41 ? "V4.1" : "V4") + " model");
+  // The draft vocabulary is read before any weight is: a bad map stops startup at once, not
+  // after minutes of loading.
+  if (auto map = args.Get("speculative-token-map")) {
+    if (vocab_size == 0) {
+      auto demo = model::PresetConfig("demo");
+      if (!demo.ok()) return 1;
+      vocab_size = demo->vocab_size;
+    }
+    auto ids = model::ReadDraftVocabulary(*map, vocab_size);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "dsinfer serve: --speculative-token-map: %s\n",
+                   ids.status().ToString().c_str());
+      return 1;
+    }
+    Log("drafts propose from %s of the vocabulary's ids (%s)", std::to_string(ids->size()), *map);
+    engine_options.draft_vocabulary = std::move(ids).value();
+  }
 
   server::ServiceOptions service_options;
   // vLLM's --served-model-name takes several names; here they are comma-separated. The first is
@@ -432,16 +451,6 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
-  if (auto map = args.Get("speculative-token-map")) {
-    auto ids = model::ReadDraftVocabulary(*map, weights->config().vocab_size);
-    if (!ids.ok()) {
-      std::fprintf(stderr, "dsinfer serve: --speculative-token-map: %s\n",
-                   ids.status().ToString().c_str());
-      return 1;
-    }
-    Log("drafts propose from %s of the vocabulary's ids (%s)", std::to_string(ids->size()), *map);
-    engine_options.draft_vocabulary = std::move(ids).value();
-  }
   auto runner = MakeRunner(*device, *weights, engine_options.numerics, engine_options.n_threads);
   if (!runner.ok()) {
     std::fprintf(stderr, "dsinfer serve: %s\n", runner.status().ToString().c_str());
