@@ -126,10 +126,10 @@ std::optional<model::WeightResidency> WeightResidencyFlag(const Args& args) {
 
 std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
                                                         model::WeightResidency residency,
-                                                        const char* command,
-                                                        uint64_t reserve_bytes) {
+                                                        const char* command, uint64_t reserve_bytes,
+                                                        const MemoryPlacement& placement) {
   const auto start = std::chrono::steady_clock::now();
-  auto weights = model::ModelWeights::Load(dir, residency, reserve_bytes);
+  auto weights = model::ModelWeights::Load(dir, residency, reserve_bytes, placement);
   if (!weights.ok()) {
     std::fprintf(stderr, "dsinfer %s: %s\n", command, weights.status().ToString().c_str());
     return nullptr;
@@ -149,7 +149,33 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
   std::fprintf(stderr, "weights: %.2f GB %s (--weights %s) in %.1f s\n",
                static_cast<double>((*weights)->checkpoint().TotalBytes()) / 1e9, how.c_str(),
                std::string(model::WeightResidencyName(residency)).c_str(), seconds);
+  if (!(*weights)->copied() && placement.mode != MemoryPlacement::Mode::kDefault)
+    std::fprintf(stderr,
+                 "dsinfer %s: the weights are mapped, so their pages stay where the page cache "
+                 "put them, whatever --numa says: --weights copy places them\n",
+                 command);
   return std::move(*weights);
+}
+
+std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int threads,
+                                                const char* command) {
+  const std::string name = args.GetOr("numa", "off");
+  const std::optional<NumaPolicy> policy = ParseNumaPolicy(name);
+  if (!policy) {
+    std::fprintf(stderr,
+                 "dsinfer %s: --numa takes off, distribute, isolate or numactl, not \"%s\"\n",
+                 command, name.c_str());
+    return std::nullopt;
+  }
+  Result<CpuPlacement> plan = PlanCpuPlacementHere(*policy, threads);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "dsinfer %s: --numa %s: %s\n", command, name.c_str(),
+                 plan.status().ToString().c_str());
+    return std::nullopt;
+  }
+  if (*policy != NumaPolicy::kOff || plan->numa_nodes > 1)
+    std::fprintf(stderr, "%s\n", plan->summary.c_str());
+  return std::move(plan).value();
 }
 
 std::string FindTokenizer(const std::string& model_dir, const std::string& flag) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_topology.h"
 #include "model/weights.h"
 
 namespace dsinfer::cli {
@@ -38,12 +39,20 @@ class Args {
 std::optional<model::WeightResidency> WeightResidencyFlag(const Args& args);
 inline constexpr const char* kWeightResidencyFlagError = "--weights takes auto, map or copy";
 // Loads --model-style `dir` with the --weights choice (reserve_bytes: ResolveWeightResidency)
-// and says on stderr how the weights are held and how long the load took. Errors are printed
-// with `command`; nullptr then.
+// and says on stderr how the weights are held and how long the load took. `placement`: where a
+// copy's pages go (CpuPlacement::weights); mapped weights cannot follow it, which is said.
+// Errors are printed with `command`; nullptr then.
 std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
                                                         model::WeightResidency residency,
                                                         const char* command,
-                                                        uint64_t reserve_bytes = 0);
+                                                        uint64_t reserve_bytes = 0,
+                                                        const MemoryPlacement& placement = {});
+
+// --numa off|distribute|isolate|numactl (off when absent) with `threads` (--threads, 0: one per
+// CPU the policy uses): where this machine's CPU threads and weights go (PlanCpuPlacementHere).
+// The plan's summary goes to stderr unless the policy is off on a one-node machine. Errors are
+// printed with `command`; nullopt then.
+std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int threads, const char* command);
 
 // "a,b,c" -> {"a","b","c"} (empty items kept, so callers can refuse them).
 std::vector<std::string> SplitCommas(const std::string& text);

@@ -450,7 +450,7 @@ int RunBench(int argc, char** argv) {
   const char* usage =
       "dsinfer bench model --model DIR [--context 512,1024,2048,4096] [--batch 1,4,16,64] "
       "[--mixed-chunk N] [--verify K [--speculative-token-map FILE]] [--decode N] [--repeats N] "
-      "[--threads N] [--memory BYTES] "
+      "[--threads N] [--numa off|distribute|isolate|numactl] [--memory BYTES] "
       "[--csv FILE] [--profile] "
       "[--numerics official|fp32-reference] [--weights auto|map|copy]";
   // bench serve: the load generator against an HTTP endpoint (cmd_bench_serve.cc).
@@ -460,11 +460,11 @@ int RunBench(int argc, char** argv) {
     return 2;
   }
   Args args;
-  if (!args.Parse(argc - 1, argv + 1,
-                  {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv",
-                   "numerics", "batch", "mixed-chunk", "memory", "weights", "verify",
-                   "speculative-token-map"},
-                  {"profile"}) ||
+  if (!args.Parse(
+          argc - 1, argv + 1,
+          {"model", "context", "prompt-len", "decode", "repeats", "threads", "csv", "numerics",
+           "batch", "mixed-chunk", "memory", "weights", "verify", "speculative-token-map", "numa"},
+          {"profile"}) ||
       !args.Has("model")) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
@@ -473,7 +473,7 @@ int RunBench(int argc, char** argv) {
   if (!args.GetInt("decode", &decode) || !args.GetInt("repeats", &repeats) ||
       !args.GetInt("threads", &threads) || !args.GetInt("mixed-chunk", &mixed_chunk) ||
       !args.GetInt("memory", &memory) || !args.GetInt("verify", &verify) || verify < 0 ||
-      verify > 8 || decode < 1 || repeats < 1 || mixed_chunk < 0 || memory < 0) {
+      verify > 8 || decode < 1 || repeats < 1 || mixed_chunk < 0 || memory < 0 || threads < 0) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", args.error().c_str(), usage);
     return 2;
   }
@@ -499,10 +499,17 @@ int RunBench(int argc, char** argv) {
     std::fprintf(stderr, "dsinfer: %s\nusage: %s\n", kWeightResidencyFlagError, usage);
     return 2;
   }
-  auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "bench");
+  const std::optional<CpuPlacement> placement =
+      CpuPlacementOrPrint(args, static_cast<int>(threads), "bench");
+  if (!placement) return 2;
+  auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "bench", 0, placement->weights);
   if (weights == nullptr) return 1;
   const auto& c = weights->config();
-  ThreadPool pool(static_cast<int>(threads));
+  ThreadPool pool(placement->n_threads, placement->cpus);
+  if (const Status pinned = pool.placement_status(); !pinned.ok()) {
+    std::fprintf(stderr, "dsinfer bench: --numa: %s\n", pinned.ToString().c_str());
+    return 1;
+  }
   std::fprintf(stderr, "model: %s\nthreads: %d, numerics: %s\n", c.Summary().c_str(), pool.size(),
                numerics.Name().c_str());
   BandwidthResult bw = MeasureMemoryBandwidth(pool);

@@ -23,6 +23,7 @@
 #include "backend/cpu/peak.h"
 #include "backend/cpu/selfcheck.h"
 #include "commands.h"
+#include "core/cpu_topology.h"
 #include "core/membw.h"
 #include "core/thread_pool.h"
 #include "model/config.h"
@@ -153,6 +154,22 @@ json CpuReport(StageRunner& stages) {
   // (used only after matching the tiles bit for bit on this CPU).
   cpu["vector_kernels"] = backend::cpu::amx::VectorInUse();
   cpu["threads"] = std::thread::hardware_concurrency();
+  // The CPUs this process may use and their NUMA nodes (core/cpu_topology.h): what --threads
+  // defaults to and what --numa can place threads and weights on.
+  const std::vector<int> allowed = AllowedCpus();
+  cpu["allowed_cpus"] = FormatCpuList(allowed);
+  if (Result<CpuTopology> topology = ReadCpuTopology("/sys", allowed); topology.ok()) {
+    json nodes = json::array();
+    for (const NumaNode& node : topology->nodes)
+      nodes.push_back({{"id", node.id},
+                       {"cpus", FormatCpuList(node.cpus)},
+                       {"memory_bytes", node.memory_bytes}});
+    cpu["numa_nodes"] = nodes;
+    const Result<CpuPlacement> distribute = PlanCpuPlacementHere(NumaPolicy::kDistribute, 0);
+    if (distribute.ok()) cpu["numa_distribute"] = distribute->summary;
+  } else {
+    cpu["numa_error"] = topology.status().ToString();
+  }
   cpu["ram_bytes"] =
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   ThreadPool pool(0);
@@ -370,6 +387,25 @@ int RunDoctor(int argc, char** argv) {
               cpu["threads"].get<unsigned>());
   if (cpu.contains("memory_read_gbps"))
     std::printf(", %.1f GB/s read", cpu["memory_read_gbps"].get<double>());
+  if (cpu.contains("numa_nodes")) {
+    const json& nodes = cpu["numa_nodes"];
+    std::printf("\n  CPUs this process may use: %s; NUMA nodes: %zu",
+                cpu["allowed_cpus"].get<std::string>().c_str(), nodes.size());
+    for (const json& node : nodes) {
+      std::printf("\n    node %d: CPUs %s", node["id"].get<int>(),
+                  node["cpus"].get<std::string>().empty()
+                      ? "(none allowed)"
+                      : node["cpus"].get<std::string>().c_str());
+      if (node["memory_bytes"].get<int64_t>() >= 0)
+        std::printf(", %.1f GiB", static_cast<double>(node["memory_bytes"].get<int64_t>()) /
+                                      static_cast<double>(int64_t{1} << 30));
+    }
+    if (nodes.size() > 1)
+      std::printf("\n  several nodes: serve with --numa distribute --weights copy (%s)",
+                  cpu.value("numa_distribute", std::string("no plan")).c_str());
+  } else if (cpu.contains("numa_error")) {
+    std::printf("\n  NUMA topology unreadable: %s", cpu["numa_error"].get<std::string>().c_str());
+  }
   std::printf("\n  features:");
   for (auto& [k, v] : cpu["features"].items())
     if (v.get<bool>()) std::printf(" %s", k.c_str());

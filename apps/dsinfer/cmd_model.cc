@@ -192,15 +192,15 @@ int RunGenerate(int argc, char** argv) {
       "[--max-tokens N] "
       "[--temperature T] [--top-p P] [--top-k K] [--seed S] [--numerics official|fp32-reference] "
       "[--ignore-eos] "
-      "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] "
+      "[--tokenizer FILE] [--weights auto|map|copy] [--device cpu|cuda|cuda:N] [--threads N] "
+      "[--numa off|distribute|isolate|numactl] "
       "[--speculative-tokens 0..4 [--draft-min-confidence P] [--speculative-token-map FILE]]";
   Args args;
-  if (!args.Parse(
-          argc, argv,
-          {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k", "seed",
-           "numerics", "threads", "tokenizer", "weights", "device", "speculative-tokens",
-           "draft-min-confidence", "speculative-token-map"},
-          {"ignore-eos", "chat", "no-thinking"}) ||
+  if (!args.Parse(argc, argv,
+                  {"model", "prompt-ids", "prompt", "max-tokens", "temperature", "top-p", "top-k",
+                   "seed", "numerics", "threads", "tokenizer", "weights", "device",
+                   "speculative-tokens", "draft-min-confidence", "speculative-token-map", "numa"},
+                  {"ignore-eos", "chat", "no-thinking"}) ||
       !args.Has("model") || (args.Has("prompt-ids") == args.Has("prompt")))
     return Usage(usage, args.error().empty() ? "give exactly one of --prompt-ids and --prompt"
                                              : args.error());
@@ -218,6 +218,7 @@ int RunGenerate(int argc, char** argv) {
     return Usage(usage, args.error());
   if (max_tokens < 0 || temperature < 0 || top_p <= 0 || top_p > 1 || top_k < 0)
     return Usage(usage, "invalid sampling parameters");
+  if (threads < 0) return Usage(usage, "--threads must be >= 0");
   if (speculative_tokens < 0 || speculative_tokens > runtime::kMaxSpeculativeTokens)
     return Usage(usage, "--speculative-tokens must be in [0, 4]");
   if (args.Has("speculative-token-map") && speculative_tokens == 0)
@@ -226,6 +227,15 @@ int RunGenerate(int argc, char** argv) {
   if (!numerics.ok()) return Fail(numerics.status());
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
   if (!device) return Usage(usage, "--device must be cpu, cuda or cuda:N");
+  if (*device >= 0 && args.Has("numa"))
+    return Usage(usage, "--numa places the CPU backend's threads: it needs --device cpu");
+  CpuPlacement placement;  // the GPU runner has no CPU threads to place
+  if (*device < 0) {
+    std::optional<CpuPlacement> planned =
+        CpuPlacementOrPrint(args, static_cast<int>(threads), "generate");
+    if (!planned) return 2;
+    placement = std::move(*planned);
+  }
   const std::string model_dir = *args.Get("model");
 
   // Text prompts: the model directory's tokenizer; --chat renders a one-turn conversation with
@@ -264,9 +274,9 @@ int RunGenerate(int argc, char** argv) {
 
   const auto residency = WeightResidencyFlag(args);
   if (!residency) return Usage(usage, kWeightResidencyFlagError);
-  auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate");
+  auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate", 0, placement.weights);
   if (weights == nullptr) return 1;
-  auto runner = MakeRunner(*device, *weights, *numerics, static_cast<int>(threads));
+  auto runner = MakeRunner(*device, *weights, *numerics, placement);
   if (!runner.ok()) return Fail(runner.status());
   std::unique_ptr<backend::RunnerState> state;  // made when the runner is stepped here
   // One sequence stepped through the runner: the last position's logits into `out`.
@@ -305,7 +315,8 @@ int RunGenerate(int argc, char** argv) {
   if (speculative_tokens > 0 && max_tokens > 0) {
     // Speculative decoding runs in the engine (drafts, verification, rollback): one request.
     runtime::EngineOptions eo;
-    eo.n_threads = static_cast<int>(threads);
+    eo.n_threads = placement.n_threads;  // the runner above is the one used; said for clarity
+    eo.thread_cpus = placement.cpus;
     eo.numerics = *numerics;
     eo.enable_prefix_cache = false;
     eo.speculative_tokens = static_cast<int>(speculative_tokens);

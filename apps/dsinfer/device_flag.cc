@@ -18,10 +18,11 @@ std::optional<int> ParseDevice(const std::string& s) {
 Result<std::unique_ptr<backend::ModelRunner>> MakeRunner(int ordinal,
                                                          const model::ModelWeights& weights,
                                                          backend::Numerics numerics,
-                                                         int n_threads) {
+                                                         const CpuPlacement& cpu) {
   if (ordinal < 0) {
     backend::CpuRunnerOptions options;
-    options.n_threads = n_threads;
+    options.n_threads = cpu.n_threads;
+    options.cpus = cpu.cpus;
     return backend::MakeCpuRunner(weights, numerics, options);
   }
 #ifdef DSINFER_HAVE_CUDA

@@ -20,7 +20,10 @@ cpu::SequenceState& Cpu(RunnerState& s) { return static_cast<cpu::SequenceState&
 class CpuRunner final : public ModelRunner {
  public:
   CpuRunner(const model::ModelWeights& weights, Numerics numerics, CpuRunnerOptions options)
-      : weights_(weights), numerics_(numerics), options_(options), pool_(options.n_threads) {}
+      : weights_(weights),
+        numerics_(numerics),
+        options_(options),
+        pool_(options.n_threads, options.cpus) {}
   Status Init(std::shared_ptr<PageAllocator> pages) {
     cpu::CpuModel::Options o;
     o.layout = options_.layout;
@@ -28,6 +31,9 @@ class CpuRunner final : public ModelRunner {
     DSINFER_ASSIGN_OR_RETURN(model_, cpu::CpuModel::Create(weights_, numerics_, pool_, o));
     return Status::Ok();
   }
+
+  // Whether the pool's workers got the CPUs options.cpus asked for.
+  Status PlacementStatus() const { return pool_.placement_status(); }
 
   std::string device() const override { return "cpu"; }
   Result<std::unique_ptr<RunnerState>> NewState() override {
@@ -172,6 +178,7 @@ Result<std::unique_ptr<ModelRunner>> MakeCpuRunner(const model::ModelWeights& we
                                                    Numerics numerics,
                                                    const CpuRunnerOptions& options) {
   auto runner = std::make_unique<CpuRunner>(weights, numerics, options);
+  DSINFER_RETURN_IF_ERROR(runner->PlacementStatus());
   DSINFER_RETURN_IF_ERROR(runner->Init(nullptr));
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }

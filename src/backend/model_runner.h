@@ -193,7 +193,9 @@ class ModelRunner {
 };
 
 struct CpuRunnerOptions {
-  int n_threads = 0;  // 0: every core
+  int n_threads = 0;  // 0: every CPU the process may use; ignored when cpus is set
+  // CpuPlacement::cpus: thread i pinned to cpus[i] (--numa); empty: no thread pinned.
+  std::vector<int> cpus;
   model::StateLayoutOptions layout;
 };
 

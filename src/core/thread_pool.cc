@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+
+#include "core/cpu_topology.h"
 
 namespace dsinfer {
 
@@ -43,9 +46,49 @@ bool PollFor(Ready ready) {
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0)
-    n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n_threads <= 0) n_threads = static_cast<int>(AllowedCpus().size());
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::ThreadPool(int n_threads, std::vector<int> cpus) : cpus_(std::move(cpus)) {
+  if (cpus_.empty()) {
+    if (n_threads <= 0) n_threads = static_cast<int>(AllowedCpus().size());
+  } else {
+    n_threads = static_cast<int>(cpus_.size());
+  }
+  for (int i = 1; i < n_threads; ++i)
+    workers_.emplace_back([this, i] {
+      // Pinned by the worker itself before it takes any task, so its stack and its first
+      // touches of scratch memory land on its own node.
+      const Status pinned = cpus_.empty() ? Status::Ok() : PinCurrentThread(cpus_[i]);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!pinned.ok() && worker_pin_error_.empty()) worker_pin_error_ = pinned.message();
+        ++workers_started_;
+      }
+      done_cv_.notify_all();
+      WorkerLoop();
+    });
+  // Every worker has tried its pin before the pool is used, so placement_status() is final.
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return workers_started_ == static_cast<int>(workers_.size()); });
+}
+
+Status ThreadPool::placement_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_pin_error_.empty()) return FailedPrecondition(worker_pin_error_);
+  if (!caller_pin_error_.empty()) return FailedPrecondition(caller_pin_error_);
+  return Status::Ok();
+}
+
+void ThreadPool::PinCaller() {
+  if (cpus_.empty() || std::this_thread::get_id() == pinned_caller_) return;
+  pinned_caller_ = std::this_thread::get_id();
+  const Status pinned = PinCurrentThread(cpus_[0]);
+  if (!pinned.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    caller_pin_error_ = pinned.message();
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -106,6 +149,7 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::ParallelFor(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   if (n_tasks <= 0) return;
+  PinCaller();
   if (workers_.empty() || n_tasks == 1) {
     for (int64_t i = 0; i < n_tasks; ++i) fn(i);
     return;

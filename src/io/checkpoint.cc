@@ -149,8 +149,8 @@ uint64_t Checkpoint::TotalBytes() const {
   return total;
 }
 
-Status Checkpoint::CopyIntoMemory() {
-  for (const auto& shard : shards_) DSINFER_RETURN_IF_ERROR(shard->CopyIntoMemory());
+Status Checkpoint::CopyIntoMemory(const MemoryPlacement& placement) {
+  for (const auto& shard : shards_) DSINFER_RETURN_IF_ERROR(shard->CopyIntoMemory(placement));
   return Status::Ok();
 }
 

@@ -105,7 +105,7 @@ MappedFile::~MappedFile() {
   if (region_ != nullptr) ::munmap(region_, region_size_);
 }
 
-Status MappedFile::CopyIntoMemory(uint64_t cache_line_offset) {
+Status MappedFile::CopyIntoMemory(uint64_t cache_line_offset, const MemoryPlacement& placement) {
   if (copied_ || data_ == nullptr) {
     copied_ = true;
     return Status::Ok();
@@ -130,6 +130,10 @@ Status MappedFile::CopyIntoMemory(uint64_t cache_line_offset) {
   // File byte cache_line_offset at a multiple of 64 (the region's slack covers the shift).
   const size_t shift = (kCacheLineBytes - cache_line_offset % kCacheLineBytes) % kCacheLineBytes;
   uint8_t* const copy = huge_page + shift;
+  if (const Status placed = PlaceMemory(region, region_size, placement); !placed.ok()) {
+    ::munmap(region, region_size);
+    return FailedPrecondition("copying " + path_ + " into memory: " + placed.message());
+  }
   // Fewer page faults while copying and fewer TLB misses after; a hint, so failures are fine.
   (void)::madvise(huge_page, shift + size_, MADV_HUGEPAGE);
 

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 
+#include "core/cpu_topology.h"
 #include "core/status.h"
 
 namespace dsinfer::io {
@@ -43,7 +44,10 @@ class MappedFile {
   // safetensors file are only 8-byte aligned; read from an unaligned copy, every 64-byte vector
   // load of a weight row splits two cache lines (docs/PERF.md, 2026-12-05, eighth session). With
   // a nonzero shift each O_DIRECT chunk goes through an aligned bounce buffer.
-  Status CopyIntoMemory(uint64_t cache_line_offset = 0);
+  // placement: where the copy's pages go on a multi-node host (--numa; PlaceMemory before the
+  // first byte is written, so the copying threads' own nodes do not decide); a refusal by the
+  // kernel fails the copy.
+  Status CopyIntoMemory(uint64_t cache_line_offset = 0, const MemoryPlacement& placement = {});
   static constexpr size_t kCopyChunkBytes = size_t{8} << 20;  // 2 to 64 MiB measured: 8 best
   bool copied() const { return copied_; }
   // How the copy's bytes were read: past the page cache (O_DIRECT) or through it.

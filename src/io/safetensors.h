@@ -68,7 +68,9 @@ class SafetensorsFile {
   const MappedFile& mapped_file() const { return *file_; }
   // MappedFile::CopyIntoMemory: TensorRefs taken before point into the dropped mapping. The copy
   // puts on 64-byte boundaries the tensors that hold most of the bytes (BulkTensorOffset).
-  Status CopyIntoMemory() { return file_->CopyIntoMemory(BulkTensorOffset()); }
+  Status CopyIntoMemory(const MemoryPlacement& placement = {}) {
+    return file_->CopyIntoMemory(BulkTensorOffset(), placement);
+  }
   // The file offset modulo 64 at which the most tensor bytes start (ties: the lowest). Tensors
   // are only 8-byte aligned in the format, but a checkpoint's large tensors have sizes that are
   // multiples of 64, so one shift of the copy aligns nearly all of them.
@@ -109,8 +111,8 @@ class Checkpoint {
   uint64_t TotalBytes() const;                   // sum of all shard file sizes
   // Every shard copied into anonymous memory (MappedFile::CopyIntoMemory), before any TensorRef
   // is taken: earlier ones point into the dropped mappings. On error some shards may be copied;
-  // the checkpoint stays valid either way.
-  Status CopyIntoMemory();
+  // the checkpoint stays valid either way. placement: MappedFile::CopyIntoMemory's.
+  Status CopyIntoMemory(const MemoryPlacement& placement = {});
   bool copied() const;                       // every shard copied
   MappedFile::CopyStats copy_stats() const;  // summed over the shards
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }

@@ -525,14 +525,16 @@ Result<WeightResidency> ResolveWeightResidency(WeightResidency requested, uint64
 
 Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir,
                                                          WeightResidency residency,
-                                                         uint64_t reserve_bytes) {
+                                                         uint64_t reserve_bytes,
+                                                         const MemoryPlacement& placement) {
   DSINFER_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
   DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<io::Checkpoint> checkpoint, io::Checkpoint::Open(dir));
   DSINFER_ASSIGN_OR_RETURN(WeightResidency resolved,
                            ResolveWeightResidency(residency, checkpoint->TotalBytes(),
                                                   reserve_bytes, AvailableMemoryBytes()));
   // Before Bind: the views point into wherever the bytes are.
-  if (resolved == WeightResidency::kCopy) DSINFER_RETURN_IF_ERROR(checkpoint->CopyIntoMemory());
+  if (resolved == WeightResidency::kCopy)
+    DSINFER_RETURN_IF_ERROR(checkpoint->CopyIntoMemory(placement));
   DSINFER_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
                            Bind(config, std::move(checkpoint)));
   if (weights->skipped_vision_tensors > 0)

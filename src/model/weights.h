@@ -182,10 +182,11 @@ Result<WeightResidency> ResolveWeightResidency(WeightResidency requested, uint64
 class ModelWeights {
  public:
   // Opens the checkpoint directory (config.json + safetensors), validates every tensor.
-  // `reserve_bytes`: see ResolveWeightResidency.
+  // `reserve_bytes`: see ResolveWeightResidency. `placement`: where a copy's pages go (--numa;
+  // mapped weights live in the page cache, which no placement reaches).
   static Result<std::unique_ptr<ModelWeights>> Load(
       const std::string& dir, WeightResidency residency = WeightResidency::kMap,
-      uint64_t reserve_bytes = 0);
+      uint64_t reserve_bytes = 0, const MemoryPlacement& placement = {});
   // Binds an already-open checkpoint against a config (used by tests).
   static Result<std::unique_ptr<ModelWeights>> Bind(const ModelConfig& config,
                                                     std::unique_ptr<io::Checkpoint> checkpoint);

@@ -7,11 +7,14 @@
 // - StreamSafePrefixLength holds back at most 3 bytes, nothing of valid input, and converting the
 //   safe prefix first never changes the conversion of the whole.
 // - ParseMemAvailable never reads out of bounds and never returns a negative size.
+// - ParseCpuList (sysfs cpulists, core/cpu_topology.h) returns ascending distinct ids in range,
+//   and what it accepts formats (FormatCpuList) back into text that parses to the same list.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
+#include "core/cpu_topology.h"
 #include "core/system_memory.h"
 #include "text/utf8.h"
 
@@ -48,5 +51,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const auto available = dsinfer::ParseMemAvailable(bytes);
   if (available.has_value() && *available < 0) std::abort();
+
+  const auto cpus = dsinfer::ParseCpuList(bytes);
+  if (cpus.ok()) {
+    for (size_t i = 0; i < cpus->size(); ++i)
+      if ((*cpus)[i] < 0 || (*cpus)[i] > (1 << 20) || (i > 0 && (*cpus)[i] <= (*cpus)[i - 1]))
+        std::abort();
+    const auto again = dsinfer::ParseCpuList(dsinfer::FormatCpuList(*cpus));
+    if (!again.ok() || *again != *cpus) std::abort();
+  }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/cpu_topology.h"
 #include "io_test_util.h"
 
 namespace dsinfer::io {
@@ -243,6 +244,42 @@ TEST(MappedFileTest, CopyIntoMemoryPutsTheRequestedOffsetOnACacheLine) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>((*file)->bytes().data() + offset) % 64, 0u) << offset;
     EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin())) << offset;
   }
+}
+
+// --numa: the copy's mapping gets the placement before its first byte is written, so the pages
+// land on the nodes asked for whichever thread copies them; a placement the kernel refuses fails
+// the copy with the reason and leaves the file mapped and readable.
+TEST(MappedFileTest, CopyIntoMemoryPlacesThePages) {
+  ScratchDir dir;
+  std::vector<uint8_t> want(5 * 4096 + 3);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<uint8_t>(i * 17 + 1);
+  WriteBytes(dir.File("f"), want);
+  const Result<CpuPlacement> here = PlanCpuPlacementHere(NumaPolicy::kDistribute, 0);
+  ASSERT_TRUE(here.ok());
+  ASSERT_EQ(here->weights.mode, MemoryPlacement::Mode::kInterleave);
+  {
+    auto file = MappedFile::Open(dir.File("f"));
+    ASSERT_TRUE(file.ok());
+    const Status copied = (*file)->CopyIntoMemory(0, here->weights);
+    if (!copied.ok() && copied.message().find("Function not implemented") != std::string::npos)
+      GTEST_SKIP() << "this kernel has no NUMA support: " << copied.ToString();
+    ASSERT_TRUE(copied.ok()) << copied.ToString();
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
+    const auto mode = MemoryPlacementAt((*file)->bytes().data());
+    ASSERT_TRUE(mode.ok()) << mode.status().ToString();
+    EXPECT_EQ(*mode, MemoryPlacement::Mode::kInterleave);
+    const auto nodes = NodesOfPages({(*file)->bytes().data()});
+    ASSERT_TRUE(nodes.ok());
+    EXPECT_TRUE(std::count(here->weights.nodes.begin(), here->weights.nodes.end(), (*nodes)[0]));
+  }
+  auto file = MappedFile::Open(dir.File("f"));
+  ASSERT_TRUE(file.ok());
+  const Status refused =
+      (*file)->CopyIntoMemory(0, {MemoryPlacement::Mode::kPreferred, std::vector<int>{1000}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("NUMA node 1000"), std::string::npos) << refused.ToString();
+  EXPECT_FALSE((*file)->copied());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), (*file)->bytes().begin()));
 }
 
 TEST(MappedFileTest, CopyIntoMemoryOfAnEmptyFile) {
