@@ -122,6 +122,14 @@ class Replica:
                   errors="replace") as f:
             return sum(1 for line in f if "access POST /v1/chat/completions/render " in line)
 
+    def preparation_requests(self):
+        """Every render and tokenize call this replica has answered: what a router asks a
+        worker to learn a request's token ids (vllm-router: src/backend/preprocess.rs)."""
+        with open(os.path.join(self.args.workdir, f"replica{self.index}.log"),
+                  errors="replace") as f:
+            return sum(1 for line in f
+                       if re.search(r"access POST (/v1/[a-z/]+/render|/tokenize) ", line))
+
     def flush(self):
         status, body = http("POST", self.url + "/flush_cache")
         assert status == 200, f"flush_cache on replica {self.index}: {status} {body}"
@@ -201,7 +209,8 @@ class Results:
             self.failed += 1
 
 
-def run_stickiness(results, router, replicas, prompts, label, seed, sessions=False):
+def run_stickiness(results, router, replicas, prompts, label, seed, sessions=False,
+                   token_ids=None):
     for r in replicas:
         r.flush()
     before = [r.metrics() for r in replicas]
@@ -219,10 +228,17 @@ def run_stickiness(results, router, replicas, prompts, label, seed, sessions=Fal
         # Claude Code `x-claude-code-session-id`; vllm-router reads those too).
         headers = {"x-session-id": f"family-{order[i]}"} if sessions else None
         try:
-            out = client.chat.completions.create(
-                model=MODEL, max_tokens=2, extra_headers=headers,
-                messages=[{"role": "user",
-                           "content": f"{prompts[order[i]]}\n\nQuestion {i}: what comes next?"}])
+            if token_ids is not None:
+                # A client that sends token ids (token_ids[i]: request i's prompt, tokenized
+                # before the run): /v1/completions with an integer prompt.
+                out = client.completions.create(model=MODEL, max_tokens=2, extra_headers=headers,
+                                                prompt=token_ids[i])
+            else:
+                out = client.chat.completions.create(
+                    model=MODEL, max_tokens=2, extra_headers=headers,
+                    messages=[{"role": "user",
+                               "content": f"{prompts[order[i]]}\n\nQuestion {i}: what comes "
+                                          f"next?"}])
             outcomes[i] = out.usage.prompt_tokens
         except openai.OpenAIError as e:
             print(f"  request {i} failed: {e}", flush=True)
@@ -479,6 +495,51 @@ def main():
                               "by KV cost")
             finally:
                 router.stop()
+            # Clients that send token ids (/v1/completions with an integer prompt): the router
+            # takes the ids as they are (src/backend/preprocess.rs:
+            # prepare_completion_direct_inputs), so no request costs a render or tokenize call on
+            # any replica; with session affinity as sticky as the chat clients above.
+            order = workload(7)
+            token_ids = []
+            for i, family in enumerate(order):
+                status, body = http("POST", replicas[0].url + "/tokenize", {
+                    "model": MODEL,
+                    "prompt": f"{prompts[family]}\n\nQuestion {i}: what comes next?"})
+                assert status == 200, f"tokenize: {status} {body}"
+                token_ids.append(json.loads(body)["tokens"])
+            for sessions in (False, True):
+                extra = ["--kv-aware-session-affinity-ttl-secs", "300"] if sessions else []
+                who = "session" if sessions else "anonymous"
+                router = Router(args, "vllm", "kv_aware", replicas,
+                                kv_extra + extra + ["--log-level", "debug"])
+                try:
+                    prepared_before = sum(r.preparation_requests() for r in replicas)
+                    rate, per = run_stickiness(
+                        results, router, replicas, prompts,
+                        f"vllm-router kv_aware ({who} clients, token ids)", seed=7,
+                        sessions=sessions, token_ids=token_ids)
+                    prepared = sum(r.preparation_requests() for r in replicas) - prepared_before
+                    log = router.log_text()
+                    credited = [int(n) for n in re.findall(r"credited_prefix_tokens=(\d+)", log)]
+                    whole = sum(1 for n in credited if n >= 1024)
+                    print(f"  vllm-router kv_aware ({who} clients, token ids): {prepared} render "
+                          f"or tokenize calls on the replicas; {whole} decisions credited a "
+                          f"whole family prefix from the KV events", flush=True)
+                    results.check(prepared == 0,
+                                  f"vllm-router kv_aware ({who} clients, token ids): no render or "
+                                  f"tokenize call")
+                    if sessions:
+                        results.check(rate >= 0.8, "vllm-router kv_aware (session clients, token "
+                                                   "ids): hit rate >= 80 %")
+                        used = sum(1 for p in per if not p.startswith("0 req"))
+                        results.check(used >= 2, f"vllm-router kv_aware (session clients, token "
+                                                 f"ids): families spread over {used} replicas")
+                    else:
+                        results.check(whole >= REQUESTS // 3,
+                                      "vllm-router kv_aware (anonymous clients, token ids): the "
+                                      "KV events are read and credited")
+                finally:
+                    router.stop()
         if want("failover"):
             run_failover(results, args, replicas, prompts, signal.SIGTERM)
             run_failover(results, args, replicas, prompts, signal.SIGKILL)
