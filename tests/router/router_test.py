@@ -7,7 +7,9 @@ Scenarios, each checked, with the figures printed:
     each family (>= 80 % required), beside round_robin on the same workload;
   * vllm-router kv_aware fed by the replicas' KV events (ZMQ + msgpack): anonymous clients (the
     events are read and credited; the hit rate is printed) and clients naming their session
-    with session affinity on (>= 80 % required, and no render call per bound request);
+    with session affinity on (>= 80 % required, and no render call per bound request); then
+    the same two kinds of clients sending token ids to /v1/completions (no render or tokenize
+    call on any replica required; >= 80 % with session affinity);
   * Anthropic Messages and Responses through vllm-router (SDKs, streaming and not); what
     sglang-router does with them is recorded;
   * failover: a replica stopped with SIGTERM mid-run loses nothing (it drains: /health 503,
