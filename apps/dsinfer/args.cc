@@ -157,8 +157,15 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
   return std::move(*weights);
 }
 
-std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int threads,
+std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int device, int threads,
                                                 const char* command) {
+  if (device >= 0) {
+    if (!args.Has("numa")) return CpuPlacement{};
+    std::fprintf(stderr,
+                 "dsinfer %s: --numa places the CPU backend's threads: it needs --device cpu\n",
+                 command);
+    return std::nullopt;
+  }
   const std::string name = args.GetOr("numa", "off");
   const std::optional<NumaPolicy> policy = ParseNumaPolicy(name);
   if (!policy) {

@@ -50,9 +50,12 @@ std::unique_ptr<model::ModelWeights> LoadWeightsOrPrint(const std::string& dir,
 
 // --numa off|distribute|isolate|numactl (off when absent) with `threads` (--threads, 0: one per
 // CPU the policy uses): where this machine's CPU threads and weights go (PlanCpuPlacementHere).
-// The plan's summary goes to stderr unless the policy is off on a one-node machine. Errors are
-// printed with `command`; nullopt then.
-std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int threads, const char* command);
+// The plan's summary goes to stderr unless the policy is off on a one-node machine. `device`:
+// --device's ordinal (ParseDevice); a GPU (>= 0) has no CPU threads to place, so --numa is
+// refused there and the placement is the default one. Errors are printed with `command`;
+// nullopt then.
+std::optional<CpuPlacement> CpuPlacementOrPrint(const Args& args, int device, int threads,
+                                                const char* command);
 
 // "a,b,c" -> {"a","b","c"} (empty items kept, so callers can refuse them).
 std::vector<std::string> SplitCommas(const std::string& text);

@@ -500,7 +500,7 @@ int RunBench(int argc, char** argv) {
     return 2;
   }
   const std::optional<CpuPlacement> placement =
-      CpuPlacementOrPrint(args, static_cast<int>(threads), "bench");
+      CpuPlacementOrPrint(args, /*device=*/-1, static_cast<int>(threads), "bench");
   if (!placement) return 2;
   auto weights = LoadWeightsOrPrint(*args.Get("model"), *residency, "bench", 0, placement->weights);
   if (weights == nullptr) return 1;

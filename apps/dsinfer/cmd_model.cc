@@ -227,15 +227,9 @@ int RunGenerate(int argc, char** argv) {
   if (!numerics.ok()) return Fail(numerics.status());
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
   if (!device) return Usage(usage, "--device must be cpu, cuda or cuda:N");
-  if (*device >= 0 && args.Has("numa"))
-    return Usage(usage, "--numa places the CPU backend's threads: it needs --device cpu");
-  CpuPlacement placement;  // the GPU runner has no CPU threads to place
-  if (*device < 0) {
-    std::optional<CpuPlacement> planned =
-        CpuPlacementOrPrint(args, static_cast<int>(threads), "generate");
-    if (!planned) return 2;
-    placement = std::move(*planned);
-  }
+  const std::optional<CpuPlacement> placement =
+      CpuPlacementOrPrint(args, *device, static_cast<int>(threads), "generate");
+  if (!placement) return 2;
   const std::string model_dir = *args.Get("model");
 
   // Text prompts: the model directory's tokenizer; --chat renders a one-turn conversation with
@@ -274,9 +268,9 @@ int RunGenerate(int argc, char** argv) {
 
   const auto residency = WeightResidencyFlag(args);
   if (!residency) return Usage(usage, kWeightResidencyFlagError);
-  auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate", 0, placement.weights);
+  auto weights = LoadWeightsOrPrint(model_dir, *residency, "generate", 0, placement->weights);
   if (weights == nullptr) return 1;
-  auto runner = MakeRunner(*device, *weights, *numerics, placement);
+  auto runner = MakeRunner(*device, *weights, *numerics, *placement);
   if (!runner.ok()) return Fail(runner.status());
   std::unique_ptr<backend::RunnerState> state;  // made when the runner is stepped here
   // One sequence stepped through the runner: the last position's logits into `out`.
@@ -315,8 +309,8 @@ int RunGenerate(int argc, char** argv) {
   if (speculative_tokens > 0 && max_tokens > 0) {
     // Speculative decoding runs in the engine (drafts, verification, rollback): one request.
     runtime::EngineOptions eo;
-    eo.n_threads = placement.n_threads;  // the runner above is the one used; said for clarity
-    eo.thread_cpus = placement.cpus;
+    eo.n_threads = placement->n_threads;  // the runner above is the one used; said for clarity
+    eo.thread_cpus = placement->cpus;
     eo.numerics = *numerics;
     eo.enable_prefix_cache = false;
     eo.speculative_tokens = static_cast<int>(speculative_tokens);

@@ -248,17 +248,11 @@ int RunServe(int argc, char** argv) {
   if (!residency) return Usage(kWeightResidencyFlagError);
   const std::optional<int> device = ParseDevice(args.GetOr("device", "cpu"));
   if (!device) return Usage("--device must be cpu, cuda or cuda:N");
-  if (*device >= 0 && args.Has("numa"))
-    return Usage("--numa places the CPU backend's threads: it needs --device cpu");
-  CpuPlacement placement;  // the GPU runner has no CPU threads to place
-  if (*device < 0) {
-    std::optional<CpuPlacement> planned =
-        CpuPlacementOrPrint(args, static_cast<int>(threads), "serve");
-    if (!planned) return 2;
-    placement = std::move(*planned);
-    engine_options.n_threads = placement.n_threads;
-    engine_options.thread_cpus = placement.cpus;
-  }
+  const std::optional<CpuPlacement> placement =
+      CpuPlacementOrPrint(args, *device, static_cast<int>(threads), "serve");
+  if (!placement) return 2;
+  if (*device < 0) engine_options.n_threads = placement->n_threads;
+  engine_options.thread_cpus = placement->cpus;
 
   // The checkpoint's family (config.json) sets the chat encoding and the default served name:
   // DeepSeek-V4.1 checkpoints render with the V4.1 encoding as 'deepseek-v4.1-flash'. An
@@ -453,7 +447,7 @@ int RunServe(int argc, char** argv) {
                              : engine_options.kv_cache_bytes > 0 ? engine_options.kv_cache_bytes
                                                                  : runtime::DefaultKvCacheBytes();
   auto weights = LoadWeightsOrPrint(model_dir, *residency, "serve",
-                                    static_cast<uint64_t>(kv_reserve), placement.weights);
+                                    static_cast<uint64_t>(kv_reserve), placement->weights);
   if (weights == nullptr) return 1;
   Log("weights loaded: %s%s", weights->config().Summary());
   std::string tokenizer_path = FindTokenizer(model_dir, args.GetOr("tokenizer", ""));
@@ -464,7 +458,7 @@ int RunServe(int argc, char** argv) {
     return 1;
   }
   Log("tokenizer: %s (%s ids)", tokenizer_path, std::to_string(tokenizer->vocab_size()));
-  auto runner = MakeRunner(*device, *weights, engine_options.numerics, placement);
+  auto runner = MakeRunner(*device, *weights, engine_options.numerics, *placement);
   if (!runner.ok()) {
     std::fprintf(stderr, "dsinfer serve: %s\n", runner.status().ToString().c_str());
     return 1;
