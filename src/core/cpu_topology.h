@@ -20,8 +20,8 @@ namespace dsinfer {
 
 // The kernel's list format (sysfs cpulist files, node lists, taskset -c): "0-3,8,10-11" ->
 // {0, 1, 2, 3, 8, 10, 11}, ascending and distinct. Blank text (a node without CPUs) -> {}.
-// Anything else (a reversed range, a stray character, an id past 1 << 20) -> InvalidArgument
-// quoting the text.
+// Anything else (a reversed range, a stray character, an id past 65535, more than 65536 ids named
+// with duplicates counted) -> InvalidArgument quoting the text.
 Result<std::vector<int>> ParseCpuList(std::string_view text);
 
 // Back to the list format, ranges collapsed ({0, 1, 2, 5} -> "0-2,5").

@@ -34,11 +34,12 @@ TEST(CpuList, ParsesTheKernelFormat) {
   EXPECT_TRUE(ParseCpuList("")->empty());                            // a memory-only node
   EXPECT_TRUE(ParseCpuList("\n")->empty());
   EXPECT_EQ(*ParseCpuList("5-5"), (std::vector<int>{5}));
+  EXPECT_EQ(ParseCpuList("0-65535")->size(), 65536u);  // the most ids a list may name
 }
 
 TEST(CpuList, RefusesMalformedLists) {
-  for (const char* bad : {"a", "1-", "-1", "3-1", "1,,2", "1 2", ",1", "1,", "0-1048577",
-                          "99999999999", "1-2-3", "0x1", "1\n2"}) {
+  for (const char* bad : {"a", "1-", "-1", "3-1", "1,,2", "1 2", ",1", "1,", "0-65536", "65536",
+                          "99999999999", "1-2-3", "0x1", "1\n2", "0-65535,0"}) {
     const Result<std::vector<int>> parsed = ParseCpuList(bad);
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
