@@ -5,6 +5,7 @@ inputs, the stage timings against the wall clock, and that a spent --time-budget
 with a reason. Must pass with or without a GPU (no GPU: exit 0 and a no_gpu_reason)."""
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,21 @@ for feat in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_b
              "avx_vnni"):
     assert isinstance(cpu["features"].get(feat), bool), f"cpu.features.{feat} missing"
 assert cpu["memory_read_gbps"] > 0
+# The CPUs this process may use and their NUMA nodes (--numa): the nodes' CPUs are exactly the
+# allowed ones, each on one node, and the allowed set is this process's affinity mask.
+def cpu_list(text):
+    ids = []
+    for item in filter(None, text.split(",")):
+        lo, _, hi = item.partition("-")
+        ids += range(int(lo), int(hi or lo) + 1)
+    return ids
+allowed = cpu_list(cpu["allowed_cpus"])
+assert sorted(allowed) == sorted(os.sched_getaffinity(0)), (cpu["allowed_cpus"], os.sched_getaffinity(0))
+on_nodes = [c for node in cpu["numa_nodes"] for c in cpu_list(node["cpus"])]
+assert sorted(on_nodes) == sorted(allowed), cpu["numa_nodes"]
+assert len({node["id"] for node in cpu["numa_nodes"]}) == len(cpu["numa_nodes"]) >= 1
+assert all(node["memory_bytes"] == -1 or node["memory_bytes"] > 0 for node in cpu["numa_nodes"])
+assert cpu["numa_distribute"].startswith(f"numa distribute: {len(allowed)} threads pinned"), cpu
 assert report["time_budget_s"] == 60
 check_stages(report, wall)
 assert all(s["status"] == "ran" for s in report["stages"]), "a stage was skipped within 60 s"
