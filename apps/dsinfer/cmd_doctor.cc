@@ -165,7 +165,9 @@ json CpuReport(StageRunner& stages) {
                        {"cpus", FormatCpuList(node.cpus)},
                        {"memory_bytes", node.memory_bytes}});
     cpu["numa_nodes"] = nodes;
-    const Result<CpuPlacement> distribute = PlanCpuPlacementHere(NumaPolicy::kDistribute, 0);
+    // The start CPU only picks isolate's node; distribute uses every node.
+    const Result<CpuPlacement> distribute =
+        PlanCpuPlacement(*topology, NumaPolicy::kDistribute, 0, allowed[0]);
     if (distribute.ok()) cpu["numa_distribute"] = distribute->summary;
   } else {
     cpu["numa_error"] = topology.status().ToString();

@@ -309,8 +309,6 @@ int RunGenerate(int argc, char** argv) {
   if (speculative_tokens > 0 && max_tokens > 0) {
     // Speculative decoding runs in the engine (drafts, verification, rollback): one request.
     runtime::EngineOptions eo;
-    eo.n_threads = placement->n_threads;  // the runner above is the one used; said for clarity
-    eo.thread_cpus = placement->cpus;
     eo.numerics = *numerics;
     eo.enable_prefix_cache = false;
     eo.speculative_tokens = static_cast<int>(speculative_tokens);

@@ -212,7 +212,6 @@ int RunServe(int argc, char** argv) {
     return Usage("--speculative-token-map needs --speculative-tokens");
 
   runtime::EngineOptions engine_options;
-  engine_options.n_threads = static_cast<int>(threads);
   engine_options.max_num_seqs = static_cast<int>(max_num_seqs);
   engine_options.max_num_batched_tokens = static_cast<int>(max_batched);
   engine_options.max_queue = static_cast<int>(max_queue);
@@ -251,8 +250,6 @@ int RunServe(int argc, char** argv) {
   const std::optional<CpuPlacement> placement =
       CpuPlacementOrPrint(args, *device, static_cast<int>(threads), "serve");
   if (!placement) return 2;
-  if (*device < 0) engine_options.n_threads = placement->n_threads;
-  engine_options.thread_cpus = placement->cpus;
 
   // The checkpoint's family (config.json) sets the chat encoding and the default served name:
   // DeepSeek-V4.1 checkpoints render with the V4.1 encoding as 'deepseek-v4.1-flash'. An

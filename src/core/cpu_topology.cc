@@ -98,8 +98,6 @@ std::vector<int> CoresFirst(const std::vector<int>& cpus, const std::map<int, in
   return order;
 }
 
-std::string NodeList(const std::vector<int>& nodes) { return FormatCpuList(nodes); }
-
 }  // namespace
 
 Result<std::vector<int>> ParseCpuList(std::string_view text) {
@@ -325,7 +323,7 @@ Result<CpuPlacement> PlanCpuPlacement(const CpuTopology& topology, NumaPolicy po
                  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
                  return sorted;
                }()) +
-               " on node" + (nodes_used.size() > 1 ? "s " : " ") + NodeList(nodes_used);
+               " on node" + (nodes_used.size() > 1 ? "s " : " ") + FormatCpuList(nodes_used);
     if (plan.n_threads > static_cast<int>(order.size()))
       summary +=
           " (more threads than its " + std::to_string(order.size()) + " CPUs: some share one)";
@@ -339,10 +337,10 @@ Result<CpuPlacement> PlanCpuPlacement(const CpuTopology& topology, NumaPolicy po
       break;
     case MemoryPlacement::Mode::kInterleave:
       summary += "interleaved over node" + std::string(nodes_used.size() > 1 ? "s " : " ") +
-                 NodeList(nodes_used);
+                 FormatCpuList(nodes_used);
       break;
     case MemoryPlacement::Mode::kPreferred:
-      summary += "on node " + NodeList(nodes_used);
+      summary += "on node " + FormatCpuList(nodes_used);
       break;
   }
   summary += " (" + std::to_string(topology.nodes.size()) + " NUMA node" +
@@ -386,7 +384,7 @@ Status PlaceMemory(void* addr, size_t bytes, const MemoryPlacement& placement) {
   if (syscall(SYS_mbind, addr, bytes, mode, mask, kMaskBits + 1, 0) != 0)
     return FailedPrecondition("cannot place memory on NUMA node" +
                               std::string(placement.nodes.size() > 1 ? "s " : " ") +
-                              NodeList(placement.nodes) + " (mbind: " + ErrnoText(errno) + ")");
+                              FormatCpuList(placement.nodes) + " (mbind: " + ErrnoText(errno) + ")");
   return Status::Ok();
 }
 

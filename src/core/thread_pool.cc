@@ -45,10 +45,7 @@ bool PollFor(Ready ready) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(AllowedCpus().size());
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
-}
+ThreadPool::ThreadPool(int n_threads) : ThreadPool(n_threads, {}) {}
 
 ThreadPool::ThreadPool(int n_threads, std::vector<int> cpus) : cpus_(std::move(cpus)) {
   if (cpus_.empty()) {

@@ -357,7 +357,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const model::ModelWeights& weight
   if (runner == nullptr) {
     backend::CpuRunnerOptions cpu;
     cpu.n_threads = options.n_threads;
-    cpu.cpus = options.thread_cpus;
     DSINFER_ASSIGN_OR_RETURN(runner, backend::MakeCpuRunner(weights, options.numerics, cpu));
   }
   if (!(options.draft_min_confidence >= 0 && options.draft_min_confidence <= 1))

@@ -133,8 +133,6 @@ class RequestStream {
 struct EngineOptions {
   backend::Numerics numerics = backend::Numerics::Official();
   int n_threads = 0;  // compute threads (0: every CPU the process may use)
-  // The CPU each compute thread is pinned to (CpuPlacement::cpus, --numa); empty: none pinned.
-  std::vector<int> thread_cpus;
   int max_num_seqs = 64;              // sequences per step
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int64_t kv_cache_bytes = 0;  // byte budget for sequence state + prefix cache (0: the default)
