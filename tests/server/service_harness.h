@@ -175,6 +175,11 @@ class InProcessService {
   static constexpr const char* kPaths[8] = {
       "/v1/chat/completions",      "/v1/completions", "/v1/responses", "/v1/messages",
       "/v1/messages/count_tokens", "/tokenize",       "/detokenize",   "/v1/chat/completions"};
+  // The worker endpoints the routers call with a body (worker_endpoints.cc), picked instead of
+  // kPaths when byte 0's bit 5 is set.
+  static constexpr const char* kWorkerPaths[4] = {"/v1/chat/completions/render",
+                                                  "/v1/completions/render", "/v1/responses/render",
+                                                  "/flush_cache"};
 
   explicit InProcessService(text::Tokenizer tokenizer, ModelInfo info = DefaultInfo())
       : tokenizer_(std::move(tokenizer)), engine_(tokenizer_), service_(ServiceOptions{}) {
@@ -209,9 +214,10 @@ class InProcessService {
     return reply;
   }
 
-  // A fuzz input: byte 0's low three bits pick the endpoint (kPaths) and its next two how the
-  // engine fails (1: refuses, 2: fails mid-stream, 0 and 3: does not), then the body up to the
-  // first NUL byte (JSON has no raw NUL), then the text the engine generates.
+  // A fuzz input: byte 0's low three bits pick the endpoint (kPaths; with bit 5 set, the low
+  // two pick from kWorkerPaths) and bits 3-4 how the engine fails (1: refuses, 2: fails
+  // mid-stream, 0 and 3: does not), then the body up to the first NUL byte (JSON has no raw
+  // NUL), then the text the engine generates.
   Reply PostFuzzInput(std::string_view input) {
     if (input.empty()) return Reply{200, "", ""};
     const std::string_view rest = input.substr(1);
@@ -220,7 +226,8 @@ class InProcessService {
     const EngineFailure failure = ((mode >> 3) & 3) == 1   ? EngineFailure::kRefuse
                                   : ((mode >> 3) & 3) == 2 ? EngineFailure::kMidStream
                                                            : EngineFailure::kNone;
-    return Post(kPaths[mode & 7], std::string(rest.substr(0, nul)),
+    const char* path = (mode & 0x20) != 0 ? kWorkerPaths[mode & 3] : kPaths[mode & 7];
+    return Post(path, std::string(rest.substr(0, nul)),
                 nul == std::string_view::npos ? "" : std::string(rest.substr(nul + 1)), failure);
   }
 
