@@ -167,7 +167,7 @@ json CpuReport(StageRunner& stages) {
     cpu["numa_nodes"] = nodes;
     // The start CPU only picks isolate's node; distribute uses every node.
     const Result<CpuPlacement> distribute =
-        PlanCpuPlacement(*topology, NumaPolicy::kDistribute, 0, allowed[0]);
+        PlanCpuPlacement(*topology, NumaPolicy::kDistribute, 0, allowed.empty() ? 0 : allowed[0]);
     if (distribute.ok()) cpu["numa_distribute"] = distribute->summary;
   } else {
     cpu["numa_error"] = topology.status().ToString();

@@ -153,10 +153,9 @@ struct Entries {
 
 Entries PublishedEntries(const fs::path& dir) {
   Entries out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".kv") continue;
+  for (const fs::path& f : EntryFiles(dir)) {
     std::error_code ec;  // evicted meanwhile: counts nothing
-    const auto bytes = fs::file_size(e.path(), ec);
+    const auto bytes = fs::file_size(f, ec);
     if (ec) continue;
     out.total += static_cast<int64_t>(bytes);
     out.largest = std::max(out.largest, static_cast<int64_t>(bytes));
