@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "../backend/test_models.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
@@ -22,10 +23,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Under this process's own directory, which is removed at exit (each ctest case is a process of
+// its own, and the tiny checkpoint is 136 MB: leaving it behind filled CI's disk).
 std::string TempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("dsinfer_weights_" + std::to_string(::getpid())) / name;
+  fs::path p = fs::path(testing::TestTempDir()) / name;
   fs::remove_all(p);
-  fs::create_directories(p.parent_path());
   return p.string();
 }
 

@@ -10,7 +10,7 @@ concurrent requests (drafts and verify rows batched with other sequences). The s
 servers' /metrics must show drafts proposed, verified and accepted counts that add up. A map
 with an id outside the vocabulary stops startup with the entry named.
 Usage: speculative_e2e.py DSINFER MODEL_DIR [--k K] [--log FILE]. Loopback only; stdlib only."""
-import argparse, json, os, subprocess, tempfile, threading
+import argparse, atexit, json, os, shutil, subprocess, tempfile, threading
 
 from serve_util import Server, metric
 
@@ -56,6 +56,7 @@ def main():
         config = json.load(f)
     vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]  # V4.1: text_config
     maps = tempfile.mkdtemp(prefix="dsinfer-token-map-")
+    atexit.register(shutil.rmtree, maps, True)
     every_third, bad = os.path.join(maps, "every-third.json"), os.path.join(maps, "bad.json")
     with open(every_third, "w") as f:
         json.dump(list(range(1, vocab, 3)), f)

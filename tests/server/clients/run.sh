@@ -73,7 +73,9 @@ offline=(env HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1)
 # monitor of its own event loop, which lags when the 2-core machine is busy: client-side only).
 for endpoint in chat completions; do
   out="$work/aiperf-$endpoint"
-  if ! timeout 300 "$venv/bin/aiperf" profile --model dsinfer-test --url "$url" \
+  # AIPerf leaves its aiperf_mmap_* directories in TMPDIR: keep them in the run's own directory.
+  mkdir -p "$out.tmp"
+  if ! TMPDIR="$out.tmp" timeout 300 "$venv/bin/aiperf" profile --model dsinfer-test --url "$url" \
       --endpoint-type "$endpoint" --streaming --request-count 6 --concurrency 2 \
       --synthetic-input-tokens-mean 32 --output-tokens-mean 8 --extra-inputs ignore_eos:true \
       --tokenizer "$work/tokenizer" --random-seed 1 --output-artifact-dir "$out" --ui-type none \
