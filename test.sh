@@ -4,6 +4,19 @@
 # UndefinedBehaviorSanitizer.
 set -euo pipefail
 root="$(cd "$(dirname "$0")" && pwd)"
+# Disk: a run from a clean clone writes about 20 GB (measured 2026-12-07: the bench preset's
+# checkpoint for logit_hashes_bench 12.5 GB, the release and ASan trees with their test
+# checkpoints and the client venvs 7 GB). Checked first, so that a full disk is one clear
+# message instead of tests failing here and there with ENOSPC.
+bench_model="${DSINFER_BENCH_MODEL:-$root/build/bench-model-seed1}"
+need_gb=10
+[[ -f "$bench_model/model.safetensors.index.json" ]] || need_gb=$((need_gb + 13))
+free_gb="$(df -B1G --output=avail "$root" | tail -1 | tr -d ' ')"
+if (( free_gb < need_gb )); then
+  echo "test.sh: $free_gb GB free on $root's disk; a test run needs about $need_gb GB" \
+    "(13 GB of it the bench checkpoint; DSINFER_BENCH_MODEL can name an existing one)" >&2
+  exit 1
+fi
 "$root/scripts/build.sh" "$root/build"
 # Label soak: long runs (a 10-minute churn, 4k-token restarts, 200k-draw distributions) that a
 # test run skips; `ctest --test-dir build -L soak` runs them.

@@ -53,7 +53,11 @@ url="http://127.0.0.1:$port"
 "$dsinfer" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name dsinfer-test \
   --max-model-len 4096 --max-tokens-limit 256 --threads 2 >"$work/serve.log" 2>&1 &
 pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
+# AIPerf leaves aiperf_mmap_* directories in TMPDIR and binds ZeroMQ ipc sockets there (whose
+# paths must fit sockaddr_un's 108 bytes, so not under the build tree): a short directory of
+# this run's own, removed at exit.
+aiperf_tmp="$(mktemp -d /tmp/aiperf.XXXXXX)"
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$aiperf_tmp"' EXIT
 for _ in $(seq 1 600); do
   curl -sf "$url/ready" >/dev/null 2>&1 && break
   kill -0 "$pid" 2>/dev/null || { echo "server died:"; cat "$work/serve.log"; exit 1; }
@@ -73,9 +77,7 @@ offline=(env HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1)
 # monitor of its own event loop, which lags when the 2-core machine is busy: client-side only).
 for endpoint in chat completions; do
   out="$work/aiperf-$endpoint"
-  # AIPerf leaves its aiperf_mmap_* directories in TMPDIR: keep them in the run's own directory.
-  mkdir -p "$out.tmp"
-  if ! TMPDIR="$out.tmp" timeout 300 "$venv/bin/aiperf" profile --model dsinfer-test --url "$url" \
+  if ! TMPDIR="$aiperf_tmp" timeout 300 "$venv/bin/aiperf" profile --model dsinfer-test --url "$url" \
       --endpoint-type "$endpoint" --streaming --request-count 6 --concurrency 2 \
       --synthetic-input-tokens-mean 32 --output-tokens-mean 8 --extra-inputs ignore_eos:true \
       --tokenizer "$work/tokenizer" --random-seed 1 --output-artifact-dir "$out" --ui-type none \
@@ -189,6 +191,7 @@ fi
 
 kill "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
+rm -rf "$aiperf_tmp"
 trap - EXIT
 grep -q "access POST /v1/completions 200" "$work/serve.log" || fail "no access log lines in serve.log"
 [[ $status -eq 0 ]] && echo "clients acceptance: aiperf chat + completions, lm-eval generate_until and loglikelihood: ok"
